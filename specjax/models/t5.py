@@ -1,0 +1,531 @@
+"""Flax T5 (v1.0 and v1.1 / Flan-T5) with an explicit, windowed KV cache.
+
+Legend for shapes (STYLE.md): ``b`` batch, ``s`` encoder length, ``t`` decoder length, ``k`` window,
+``L`` cache length, ``n`` heads, ``h`` head dim, ``d`` model dim, ``f`` MLP dim, ``v`` vocab, ``l`` layers.
+
+Architecture: Raffel et al. 2020 ("Exploring the Limits of Transfer Learning with a Unified Text-to-Text
+Transformer"), section 2.1, as implemented by t5x ``examples/t5/network.py`` (parameter names are t5x's):
+pre-norm RMSNorm without mean subtraction, relative position buckets shared by the layers of a stack, no
+1/sqrt(h) scaling inside attention (it is folded into the query initialisation), ReLU MLP (1.0) or
+tanh-GELU gated MLP (1.1), logits through the embedding / sqrt(d) (1.0) or an untied ``logits_dense`` (1.1).
+
+The decode contract (DESIGN.md): ``encode`` once, then ``decode`` any window of ``k`` tokens per row at
+per-row positions against an explicit cache pytree. Positions past a row's position hold stale keys that
+are masked, then overwritten.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.config import T5Config
+
+__all__ = [
+    "Encoded", "KVCache", "T5Model", "Transformer", "encode", "decode", "init_cache", "logits",
+    "relative_position_bucket", "init_params", "param_logical_axes",
+]
+
+Params = Any
+NEG_INF = -1e10  # t5x's attention mask bias.
+
+
+class Encoded(NamedTuple):
+    """What the decoder needs from the encoder, computed once per input.
+
+    Attributes:
+      mask: bool[b, s], True at real (non-pad) encoder tokens.
+      cross_k: [l, b, s, n, h] cross-attention keys of every decoder layer (compute dtype).
+      cross_v: [l, b, s, n, h] cross-attention values of every decoder layer.
+    """
+    mask: jax.Array
+    cross_k: jax.Array
+    cross_v: jax.Array
+
+
+class KVCache(NamedTuple):
+    """Decoder self-attention cache, fixed shape for a whole decode.
+
+    Attributes:
+      k: [l, b, L, n, h] keys; slot ``i`` holds the key of decoder position ``i`` once written.
+      v: [l, b, L, n, h] values.
+    A row's slots at or beyond its current position are stale and masked by ``decode``.
+    """
+    k: jax.Array
+    v: jax.Array
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Building blocks
+
+
+def relative_position_bucket(relative_position, bidirectional: bool, num_buckets: int = 32,
+                             max_distance: int = 128):
+    """Maps ``memory_position - query_position`` (int array, any shape) to a bucket in [0, num_buckets).
+
+    Raffel et al. 2020 section 2.1; the same rule as Mesh TensorFlow ``_relative_position_bucket`` and
+    t5x ``RelativePositionBiases._relative_position_bucket``: half the buckets are exact small distances,
+    the rest logarithmic up to ``max_distance``; bidirectional splits the buckets between directions.
+    """
+    ret = 0
+    n = -relative_position
+    if bidirectional:
+        num_buckets //= 2
+        ret += (n < 0).astype(np.int32) * num_buckets
+        n = jnp.abs(n)
+    else:
+        n = jnp.maximum(n, 0)
+    max_exact = num_buckets // 2
+    is_small = n < max_exact
+    val_if_large = max_exact + (
+        jnp.log(n.astype(np.float32) / max_exact + np.finfo(np.float32).eps)
+        / np.log(max_distance / max_exact) * (num_buckets - max_exact)).astype(np.int32)
+    val_if_large = jnp.minimum(val_if_large, num_buckets - 1)
+    return ret + jnp.where(is_small, n, val_if_large)
+
+
+def _param(module: nn.Module, name: str, init, shape, axes, dtype):
+    return module.param(name, nn.with_logical_partitioning(init, axes), shape, dtype)
+
+
+class RMSNorm(nn.Module):
+    """T5 layer norm: ``x / sqrt(mean(x^2) + eps) * scale``, no mean, no bias, computed in float32."""
+    config: T5Config
+
+    @nn.compact
+    def __call__(self, x):
+        cfg = self.config
+        scale = _param(self, "scale", nn.initializers.ones, (x.shape[-1],), ("embed",), cfg.weight_dtype)
+        x32 = x.astype(jnp.float32)
+        y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + cfg.layer_norm_epsilon)
+        return (y * scale.astype(jnp.float32)).astype(cfg.compute_dtype)
+
+
+class Dense(nn.Module):
+    """A bias-free kernel ``[in, out]`` (t5x ``DenseGeneral`` flattened to 2-D, as t5x checkpoints store it)."""
+    features: int
+    axes: tuple[str, str]
+    config: T5Config
+    init_scale: float = 1.0
+
+    @nn.compact
+    def __call__(self, x):
+        cfg = self.config
+        base = nn.initializers.variance_scaling(self.init_scale, "fan_in", "truncated_normal")
+        kernel = _param(self, "kernel", base, (x.shape[-1], self.features), self.axes, cfg.weight_dtype)
+        return jnp.einsum("...i,io->...o", x, kernel.astype(cfg.compute_dtype))
+
+
+class RelativePositionBias(nn.Module):
+    """``rel_embedding[n, buckets]``, turned into an attention bias ``[b, n, q, m]``."""
+    bidirectional: bool
+    config: T5Config
+
+    @nn.compact
+    def __call__(self, query_pos, memory_pos):
+        """query_pos: int[b, q]; memory_pos: int[b, m] -> float32 bias [b, n, q, m]."""
+        cfg = self.config
+        table = _param(self, "rel_embedding",
+                       nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"),
+                       (cfg.num_heads, cfg.relative_attention_num_buckets), ("heads", "relpos_buckets"),
+                       cfg.weight_dtype)
+        bucket = relative_position_bucket(memory_pos[:, None, :] - query_pos[:, :, None],
+                                          self.bidirectional, cfg.relative_attention_num_buckets,
+                                          cfg.relative_attention_max_distance)  # [b, q, m]
+        bias = jnp.take(table.astype(jnp.float32), bucket, axis=1)  # [n, b, q, m]
+        return jnp.transpose(bias, (1, 0, 2, 3))
+
+
+class Projections(nn.Module):
+    """The four attention kernels of one attention block (t5x names ``query key value out``)."""
+    config: T5Config
+
+    def setup(self):
+        cfg = self.config
+        inner = cfg.num_heads * cfg.head_dim
+        # t5x folds 1/sqrt(h) into the query initialisation instead of scaling the scores.
+        self.query = Dense(inner, ("embed", "joined_kv"), cfg, init_scale=1.0 / cfg.head_dim)
+        self.key = Dense(inner, ("embed", "joined_kv"), cfg)
+        self.value = Dense(inner, ("embed", "joined_kv"), cfg)
+        self.out = Dense(cfg.d_model, ("joined_kv", "embed"), cfg)
+
+    def heads(self, dense, x):
+        """[b, t, d] -> [b, t, n, h]."""
+        y = dense(x)
+        return y.reshape(y.shape[:-1] + (self.config.num_heads, self.config.head_dim))
+
+    def q(self, x):
+        return self.heads(self.query, x)
+
+    def kv(self, x):
+        return self.heads(self.key, x), self.heads(self.value, x)
+
+    def attend(self, q_btnh, k_bsnh, v_bsnh, bias_bnts):
+        """Softmax attention (float32 scores, no 1/sqrt(h) scaling) -> [b, t, d]."""
+        cfg = self.config
+        scores = jnp.einsum("btnh,bsnh->bnts", q_btnh, k_bsnh, preferred_element_type=jnp.float32)
+        weights = jax.nn.softmax(scores + bias_bnts, axis=-1).astype(cfg.compute_dtype)
+        out_btnh = jnp.einsum("bnts,bsnh->btnh", weights, v_bsnh)
+        return self.out(out_btnh.reshape(out_btnh.shape[:2] + (cfg.num_heads * cfg.head_dim,)))
+
+
+class MLP(nn.Module):
+    """T5 feed-forward: ``wo(relu(wi x))`` (1.0) or ``wo(gelu_tanh(wi_0 x) * wi_1 x)`` (1.1)."""
+    config: T5Config
+
+    @nn.compact
+    def __call__(self, x):
+        cfg = self.config
+        if cfg.gated_gelu:
+            h = (nn.gelu(Dense(cfg.mlp_dim, ("embed", "mlp"), cfg, name="wi_0")(x), approximate=True)
+                 * Dense(cfg.mlp_dim, ("embed", "mlp"), cfg, name="wi_1")(x))
+        else:
+            h = nn.relu(Dense(cfg.mlp_dim, ("embed", "mlp"), cfg, name="wi")(x))
+        return Dense(cfg.d_model, ("mlp", "embed"), cfg, name="wo")(h)
+
+
+class EncoderLayer(nn.Module):
+    config: T5Config
+
+    def setup(self):
+        self.pre_attention_layer_norm = RMSNorm(self.config)
+        self.attention = Projections(self.config)
+        self.pre_mlp_layer_norm = RMSNorm(self.config)
+        self.mlp = MLP(self.config)
+
+    def __call__(self, x, bias):
+        with jax.named_scope("self_attention"):
+            y = self.pre_attention_layer_norm(x)
+            k, v = self.attention.kv(y)
+            x = x + self.attention.attend(self.attention.q(y), k, v, bias)
+        with jax.named_scope("mlp"):
+            return x + self.mlp(self.pre_mlp_layer_norm(x))
+
+
+class DecoderLayer(nn.Module):
+    config: T5Config
+
+    def setup(self):
+        cfg = self.config
+        self.pre_self_attention_layer_norm = RMSNorm(cfg)
+        self.self_attention = Projections(cfg)
+        self.pre_cross_attention_layer_norm = RMSNorm(cfg)
+        self.encoder_decoder_attention = Projections(cfg)
+        self.pre_mlp_layer_norm = RMSNorm(cfg)
+        self.mlp = MLP(cfg)
+
+    def cross_kv(self, encoded_bsd):
+        return self.encoder_decoder_attention.kv(encoded_bsd)
+
+    def __call__(self, x, self_kv, self_bias, cross_kv, cross_bias, write):
+        """x: [b, k, d]; self_kv: cached (k, v) [b, L, n, h]; write(cache, new) stores the window.
+
+        Returns (x, (k, v)) with the window's keys/values written into the cache.
+        """
+        with jax.named_scope("self_attention"):
+            y = self.pre_self_attention_layer_norm(x)
+            new_k, new_v = self.self_attention.kv(y)
+            k, v = write(self_kv[0], new_k), write(self_kv[1], new_v)
+            x = x + self.self_attention.attend(self.self_attention.q(y), k, v, self_bias)
+        with jax.named_scope("cross_attention"):
+            y = self.pre_cross_attention_layer_norm(x)
+            x = x + self.encoder_decoder_attention.attend(
+                self.encoder_decoder_attention.q(y), cross_kv[0], cross_kv[1], cross_bias)
+        with jax.named_scope("mlp"):
+            x = x + self.mlp(self.pre_mlp_layer_norm(x))
+        return x, (k, v)
+
+
+class Encoder(nn.Module):
+    config: T5Config
+
+    def setup(self):
+        cfg = self.config
+        self.relpos_bias = RelativePositionBias(True, cfg)
+        self.layers = [EncoderLayer(cfg, name=f"layers_{i}") for i in range(cfg.num_encoder_layers)]
+        self.encoder_norm = RMSNorm(cfg)
+
+    def __call__(self, x_bsd, mask_bs):
+        b, s = mask_bs.shape
+        pos = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s))
+        bias = self.relpos_bias(pos, pos) + jnp.where(mask_bs[:, None, None, :], 0.0, NEG_INF)
+        for layer in self.layers:
+            x_bsd = layer(x_bsd, bias)
+        return self.encoder_norm(x_bsd)
+
+
+class Decoder(nn.Module):
+    config: T5Config
+
+    def setup(self):
+        cfg = self.config
+        self.relpos_bias = RelativePositionBias(False, cfg)
+        self.layers = [DecoderLayer(cfg, name=f"layers_{i}") for i in range(cfg.num_decoder_layers)]
+        self.decoder_norm = RMSNorm(cfg)
+        if not cfg.logits_via_embedding:
+            self.logits_dense = Dense(cfg.vocab_size, ("embed", "vocab"), cfg)
+
+    def cross_kv(self, encoded_bsd):
+        ks, vs = zip(*(layer.cross_kv(encoded_bsd) for layer in self.layers))
+        return jnp.stack(ks), jnp.stack(vs)
+
+    def __call__(self, x_bkd, positions_b, cache: KVCache, encoded: Encoded, embedder):
+        cfg = self.config
+        b, k = x_bkd.shape[:2]
+        cache_len = cache.k.shape[2]
+        query_pos = positions_b[:, None] + jnp.arange(k, dtype=jnp.int32)[None, :]  # [b, k]
+        memory_pos = jnp.broadcast_to(jnp.arange(cache_len, dtype=jnp.int32), (b, cache_len))
+        causal = memory_pos[:, None, None, :] <= query_pos[:, None, :, None]  # [b, 1, k, L]
+        self_bias = self.relpos_bias(query_pos, memory_pos) + jnp.where(causal, 0.0, NEG_INF)
+        cross_bias = jnp.where(encoded.mask[:, None, None, :], 0.0, NEG_INF)  # [b, 1, 1, s]
+        rows = jnp.arange(b)[:, None]
+
+        def write(cache_bLnh, new_bknh):
+            # Scatter each row's window at its own position; slots past L are dropped, never clamped.
+            return cache_bLnh.at[rows, query_pos].set(new_bknh.astype(cache_bLnh.dtype), mode="drop")
+
+        new_k, new_v = [], []
+        for i, layer in enumerate(self.layers):
+            x_bkd, (lk, lv) = layer(x_bkd, (cache.k[i], cache.v[i]), self_bias,
+                                    (encoded.cross_k[i], encoded.cross_v[i]), cross_bias, write)
+            new_k.append(lk)
+            new_v.append(lv)
+        y = self.decoder_norm(x_bkd)
+        if cfg.logits_via_embedding:
+            logits = embedder.attend(y) / jnp.sqrt(jnp.asarray(y.shape[-1], jnp.float32)).astype(y.dtype)
+        else:
+            logits = self.logits_dense(y)
+        return logits.astype(jnp.float32), KVCache(jnp.stack(new_k), jnp.stack(new_v))
+
+
+class Embed(nn.Module):
+    """Shared token embedding ``[v, d]`` (t5x ``token_embedder/embedding``)."""
+    config: T5Config
+
+    def setup(self):
+        cfg = self.config
+        self.embedding = _param(self, "embedding", nn.initializers.normal(1.0),
+                                (cfg.vocab_size, cfg.d_model), ("vocab", "embed"), cfg.weight_dtype)
+
+    def __call__(self, tokens):
+        return jnp.take(self.embedding, tokens, axis=0).astype(self.config.compute_dtype)
+
+    def attend(self, y):
+        """y: [..., d] -> [..., v] (logits through the embedding, T5 1.0)."""
+        return jnp.einsum("...d,vd->...v", y, self.embedding.astype(y.dtype))
+
+
+class Transformer(nn.Module):
+    """The whole T5; its methods are reached through the pure functions below."""
+    config: T5Config
+
+    def setup(self):
+        self.token_embedder = Embed(self.config)
+        self.encoder = Encoder(self.config)
+        self.decoder = Decoder(self.config)
+
+    def encode(self, encoder_input_tokens):
+        mask = encoder_input_tokens != self.config.pad_id
+        hidden = self.encoder(self.token_embedder(encoder_input_tokens), mask)
+        cross_k, cross_v = self.decoder.cross_kv(hidden)
+        return hidden, Encoded(mask, cross_k, cross_v)
+
+    def decode(self, encoded, tokens, cache, positions):
+        return self.decoder(self.token_embedder(tokens), positions, cache, encoded, self.token_embedder)
+
+    def __call__(self, encoder_input_tokens, decoder_input_tokens):
+        _, encoded = self.encode(encoder_input_tokens)
+        b, t = decoder_input_tokens.shape
+        cache = _empty_cache(self.config, b, t)
+        return self.decode(encoded, decoder_input_tokens, cache, jnp.zeros((b,), jnp.int32))[0]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Pure functions (the decode contract)
+
+
+def _empty_cache(config: T5Config, batch: int, length: int) -> KVCache:
+    shape = (config.num_decoder_layers, batch, length, config.num_heads, config.head_dim)
+    return KVCache(jnp.zeros(shape, config.compute_dtype), jnp.zeros(shape, config.compute_dtype))
+
+
+def init_cache(config: T5Config, batch: int, length: int) -> KVCache:
+    """An empty decoder cache of ``length`` slots (tokens) per row: ``[l, b, L, n, h]`` in the compute dtype.
+
+    ``length`` must cover the last position a window can write (for a decode loop: max_decode_length plus
+    the window size); ``decode`` drops writes past it rather than clamping them.
+    """
+    if batch < 1 or length < 1:
+        raise ValueError(f"init_cache needs batch >= 1 and length >= 1, got batch={batch}, length={length}.")
+    return _empty_cache(config, batch, length)
+
+
+def _check_tokens(config: T5Config, tokens, what: str):
+    # Only possible on concrete arrays; under tracing the caller validated earlier.
+    if isinstance(tokens, jax.core.Tracer):
+        return
+    arr = np.asarray(tokens)
+    if arr.ndim != 2:
+        raise ValueError(f"{what} must be a 2-D int array [batch, length], got shape {arr.shape}.")
+    if not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"{what} must hold integer token ids, got dtype {arr.dtype}.")
+    if arr.size and (arr.min() < 0 or arr.max() >= config.vocab_size):
+        raise ValueError(
+            f"{what} holds token ids outside the vocabulary [0, {config.vocab_size}): min {arr.min()}, "
+            f"max {arr.max()}. Was it encoded with the model's own tokenizer?")
+
+
+def encode(config: T5Config, params: Params, encoder_input_tokens) -> Encoded:
+    """Runs the encoder once and precomputes every decoder layer's cross-attention keys/values.
+
+    Args:
+      config: the model's config.
+      params: the parameter pytree (t5x names, without the ``params`` collection key).
+      encoder_input_tokens: int32[b, s], right-padded with ``pad_id``.
+    Returns:
+      ``Encoded`` (mask [b, s], cross_k/cross_v [l, b, s, n, h]).
+    Raises:
+      ValueError: tokens outside the vocabulary or not a 2-D int array (checked when concrete).
+    """
+    _check_tokens(config, encoder_input_tokens, "encoder_input_tokens")
+    return Transformer(config).apply({"params": params}, jnp.asarray(encoder_input_tokens, jnp.int32),
+                                     method=Transformer.encode)[1]
+
+
+def encoder_outputs(config: T5Config, params: Params, encoder_input_tokens) -> jax.Array:
+    """The encoder's final hidden states [b, s, d] (after the final RMSNorm), as t5x ``Transformer.encode``."""
+    _check_tokens(config, encoder_input_tokens, "encoder_input_tokens")
+    return Transformer(config).apply({"params": params}, jnp.asarray(encoder_input_tokens, jnp.int32),
+                                     method=Transformer.encode)[0]
+
+
+def decode(config: T5Config, params: Params, encoded: Encoded, tokens, cache: KVCache, positions):
+    """Scores a window of ``k`` decoder tokens per row, each row at its own position.
+
+    Row ``i``'s tokens sit at decoder positions ``positions[i] .. positions[i] + k - 1``; they attend to
+    cache slots ``<=`` their own position (older slots hold the row's earlier tokens; slots at or past
+    ``positions[i]`` are stale and masked) and their keys/values are written into those slots.
+    The same function serves k = 1 (one step) and k = gamma + 1 (a verification window).
+
+    Args:
+      config, params: the model.
+      encoded: from ``encode``.
+      tokens: int32[b, k] decoder input tokens (the first decoder input of a sequence is ``pad_id``).
+      cache: ``KVCache`` [l, b, L, n, h].
+      positions: int32[b], the position of each row's first window token.
+    Returns:
+      (logits float32[b, k, v], updated cache).
+    """
+    return Transformer(config).apply({"params": params}, encoded, jnp.asarray(tokens, jnp.int32), cache,
+                                     jnp.asarray(positions, jnp.int32), method=Transformer.decode)
+
+
+def logits(config: T5Config, params: Params, encoder_input_tokens, decoder_input_tokens) -> jax.Array:
+    """Teacher-forced forward pass: float32 logits [b, t, v] (t5x ``Transformer.__call__``).
+
+    ``decoder_input_tokens`` int32[b, t] are the targets shifted right, starting with ``pad_id`` (0).
+    Padded decoder positions are not masked as keys (causal mask only): logits at real target positions
+    equal t5x's, whose padding mask only hides keys after the target's end.
+    """
+    _check_tokens(config, encoder_input_tokens, "encoder_input_tokens")
+    _check_tokens(config, decoder_input_tokens, "decoder_input_tokens")
+    return Transformer(config).apply({"params": params}, jnp.asarray(encoder_input_tokens, jnp.int32),
+                                     jnp.asarray(decoder_input_tokens, jnp.int32))
+
+
+def _init_boxed(config: T5Config, rng):
+    dummy = jnp.ones((1, 2), jnp.int32)
+    return Transformer(config).init(rng, dummy, dummy)["params"]
+
+
+def init_params(config: T5Config, seed: int = 0) -> Params:
+    """Random parameters with t5x's initialisers (truncated-normal fan-in kernels, query / sqrt(h),
+    unit-normal embedding): a nested dict keyed by t5x names, arrays in ``config.param_dtype``."""
+    return nn.unbox(jax.jit(_init_boxed, static_argnums=0)(config, jax.random.PRNGKey(seed)))
+
+
+def abstract_params(config: T5Config) -> Params:
+    """``jax.ShapeDtypeStruct`` for every parameter, without allocating (used to check checkpoints)."""
+    return nn.unbox(jax.eval_shape(functools.partial(_init_boxed, config), jax.random.PRNGKey(0)))
+
+
+def param_logical_axes(config: T5Config) -> Params:
+    """Logical axis names per parameter (``embed heads joined_kv mlp vocab relpos_buckets``), as
+    ``jax.sharding.PartitionSpec`` leaves; ``specjax.parallel`` maps them to mesh axes."""
+    boxed = jax.eval_shape(functools.partial(_init_boxed, config), jax.random.PRNGKey(0))
+    return nn.get_partition_spec(boxed)
+
+
+def count_params(params: Params) -> int:
+    """Total number of parameters (scalars) in a pytree."""
+    return int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(params)))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The user-facing model object
+
+
+@dataclasses.dataclass(frozen=True)
+class T5Model:
+    """A T5 config and its parameters: the object decoding, checkpoints and training pass around.
+
+    Attributes:
+      config: ``T5Config``.
+      params: nested dict of arrays keyed by t5x parameter names
+        (``encoder/layers_0/attention/query/kernel`` [d, n*h], ``token_embedder/embedding`` [v, d] …).
+    """
+    config: T5Config
+    params: Params
+
+    @classmethod
+    def random(cls, config: T5Config, seed: int = 0) -> "T5Model":
+        """A model with random t5x-initialised weights, for tests and examples."""
+        return cls(config, init_params(config, seed))
+
+    def encode(self, encoder_input_tokens) -> Encoded:
+        """See ``specjax.models.t5.encode``."""
+        return encode(self.config, self.params, encoder_input_tokens)
+
+    def encoder_outputs(self, encoder_input_tokens) -> jax.Array:
+        """Final encoder hidden states float[b, s, d]; see ``encoder_outputs``."""
+        return encoder_outputs(self.config, self.params, encoder_input_tokens)
+
+    def decode(self, encoded: Encoded, tokens, cache: KVCache, positions):
+        """See ``specjax.models.t5.decode``: (logits float32[b, k, v], cache)."""
+        return decode(self.config, self.params, encoded, tokens, cache, positions)
+
+    def init_cache(self, batch: int, length: int) -> KVCache:
+        """See ``specjax.models.t5.init_cache``."""
+        return init_cache(self.config, batch, length)
+
+    def logits(self, encoder_input_tokens, decoder_input_tokens) -> jax.Array:
+        """Teacher-forced logits float32[b, t, v]; see ``specjax.models.t5.logits``."""
+        return _jit_logits(self.config, self.params, encoder_input_tokens, decoder_input_tokens)
+
+    @property
+    def num_params(self) -> int:
+        """Number of parameters (scalars)."""
+        return count_params(self.params)
+
+    def astype(self, dtype: str) -> "T5Model":
+        """The same model with parameters and compute in ``dtype`` ("float32", "bfloat16", "float16")."""
+        cfg = self.config.replace(dtype=dtype, param_dtype=dtype)
+        return T5Model(cfg, jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype), self.params))
+
+
+def _jit_logits(config, params, encoder_input_tokens, decoder_input_tokens):
+    _check_tokens(config, encoder_input_tokens, "encoder_input_tokens")
+    _check_tokens(config, decoder_input_tokens, "decoder_input_tokens")
+    return _logits_jit(config, params, jnp.asarray(encoder_input_tokens, jnp.int32),
+                       jnp.asarray(decoder_input_tokens, jnp.int32))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _logits_jit(config, params, encoder_input_tokens, decoder_input_tokens):
+    return Transformer(config).apply({"params": params}, encoder_input_tokens, decoder_input_tokens)
