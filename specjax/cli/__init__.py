@@ -1,0 +1,53 @@
+"""The ``specjax`` command: one subcommand per module in this package.
+
+Each subcommand module defines ``add_parser(subparsers)`` (registers its arguments and sets
+``func=run``) and ``run(args) -> int``. Modules are imported here but keep their heavy imports
+inside ``run`` so ``specjax --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Subcommand name -> module under specjax.cli. Order is the order shown in --help.
+SUBCOMMANDS = ("demo", "translate", "generate", "convert", "train", "bench")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level argument parser with every available subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="specjax",
+        description="Speculative sampling for T5 in JAX (Leviathan et al. 2023, Algorithm 1).")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in SUBCOMMANDS:
+        try:
+            module = importlib.import_module(f"specjax.cli.{name}")
+        except ModuleNotFoundError as e:  # a subcommand not written yet
+            if e.name == f"specjax.cli.{name}":
+                continue
+            raise
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv=None) -> int:
+    """Entry point of the ``specjax`` console script. Returns the process exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, FileNotFoundError, NotADirectoryError) as e:
+        print(f"specjax {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"specjax {args.command}: interrupted; finished work was kept.", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
