@@ -6,6 +6,10 @@ transformers, matplotlib) are imported only by the functions that need them.
 
 from specjax.config import PRESETS, T5Config
 from specjax.models.t5 import T5Model
+from specjax.checkpoints import CheckpointError, load_checkpoint, save_checkpoint
+from specjax.tokenizer import Tokenizer
 
-__all__ = ["PRESETS", "T5Config", "T5Model"]
+__all__ = [
+    "PRESETS", "T5Config", "T5Model", "CheckpointError", "load_checkpoint", "save_checkpoint", "Tokenizer",
+]
 __version__ = "0.1.0"

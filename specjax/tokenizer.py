@@ -1,0 +1,138 @@
+"""T5's SentencePiece tokenizer, compatible with ``seqio.SentencePieceVocabulary`` (without TensorFlow).
+
+As seqio (``seqio/vocabularies.py``, ``_load_model_internal``): ``extra_ids`` sentinel pieces
+``▁<extra_id_{i}>`` are appended to the model as USER_DEFINED pieces in reverse order, so
+``<extra_id_0>`` is the last id (32099 for T5's 32000-piece model with 100 extra ids) and the text
+``<extra_id_0>`` encodes to it. pad 0, eos 1, unk 2 come from the SentencePiece model (T5's reserves
+them so). ``encode`` appends EOS, as seqio's ``append_eos`` feature converters do.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterable, Sequence
+
+import numpy as np
+import sentencepiece as spm
+
+__all__ = ["Tokenizer"]
+
+
+class Tokenizer:
+    """T5 SentencePiece vocabulary: text <-> token ids.
+
+    Args:
+      path: a SentencePiece model file (e.g. T5's ``spiece.model``), or a directory holding ``spiece.model``.
+      extra_ids: sentinel ids appended after the pieces (100 for T5).
+
+    Attributes:
+      vocab_size: SentencePiece pieces + ``extra_ids`` (32100 for T5; the models' embeddings have 32128 rows,
+        padded for TPU layout).
+      pad_id, eos_id, unk_id: 0, 1, 2 for T5.
+
+    Raises:
+      FileNotFoundError: no model file at ``path``.
+      ValueError: the file is not a SentencePiece model.
+    """
+
+    def __init__(self, path: str | os.PathLike, extra_ids: int = 100):
+        path = os.fspath(path)
+        if os.path.isdir(path):
+            path = os.path.join(path, "spiece.model")
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"No SentencePiece model at {path!r}; T5's is 'spiece.model' (e.g. from "
+                                    "gs://t5-data/vocabs/cc_all.32000/sentencepiece.model or a Hugging Face repo).")
+        if extra_ids < 0:
+            raise ValueError(f"extra_ids must be >= 0, got {extra_ids}.")
+        with open(path, "rb") as f:
+            data = f.read()
+        try:
+            from sentencepiece import sentencepiece_model_pb2
+            model = sentencepiece_model_pb2.ModelProto.FromString(data)
+            for i in reversed(range(extra_ids)):
+                model.pieces.add(piece=f"▁<extra_id_{i}>", score=0.0,
+                                 type=sentencepiece_model_pb2.ModelProto.SentencePiece.USER_DEFINED)
+            serialized = model.SerializeToString()
+        except Exception as e:
+            raise ValueError(f"{path!r} is not a SentencePiece model ({type(e).__name__}: {e}).") from e
+        self._sp = spm.SentencePieceProcessor()
+        self._sp.LoadFromSerializedProto(serialized)
+        self.path = path
+        self.extra_ids = extra_ids
+        self.vocab_size: int = self._sp.GetPieceSize()
+        self.pad_id: int = max(self._sp.pad_id(), 0)
+        self.eos_id: int = self._sp.eos_id()
+        self.unk_id: int = self._sp.unk_id()
+
+    def __repr__(self) -> str:
+        return f"Tokenizer({self.path!r}, extra_ids={self.extra_ids})"
+
+    def encode(self, text: str, add_eos: bool = True) -> list[int]:
+        """Token ids of ``text``, with EOS appended (unless ``add_eos=False``)."""
+        if not isinstance(text, str):
+            raise TypeError(f"encode takes a str, got {type(text).__name__}.")
+        ids = list(self._sp.EncodeAsIds(text))
+        return ids + [self.eos_id] if add_eos else ids
+
+    def _check_ids(self, ids: Sequence[int], where: str = "") -> list[int]:
+        out = [int(i) for i in ids]
+        bad = [i for i in out if i < 0 or i >= self.vocab_size]
+        if bad:
+            raise ValueError(
+                f"Token ids outside the vocabulary [0, {self.vocab_size}){where}: {bad[:5]}. The model's "
+                f"embedding may have more rows than the tokenizer; were these ids produced by a model with "
+                f"another vocabulary?")
+        return out
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Text of ``ids`` up to (not including) the first EOS; pad ids are dropped.
+
+        Raises:
+          ValueError: an id is negative or >= ``vocab_size`` (the message names them).
+        """
+        ids = self._check_ids(np.asarray(ids).reshape(-1).tolist() if not isinstance(ids, list) else ids)
+        if self.eos_id in ids:
+            ids = ids[: ids.index(self.eos_id)]
+        return self._sp.DecodeIds([i for i in ids if i != self.pad_id])
+
+    def encode_batch(self, texts: Sequence[str], length: int | None = None, truncate: bool = False) -> np.ndarray:
+        """Encodes texts (with EOS) into a right-padded int32[b, L] array (pad 0).
+
+        Args:
+          texts: b strings.
+          length: L; None for the longest encoding.
+          truncate: when True, longer encodings keep their first L-1 tokens and EOS; when False they raise.
+        Raises:
+          ValueError: an encoding is longer than ``length`` and ``truncate`` is False (the message names the
+            line), or ``length`` < 1.
+        """
+        if isinstance(texts, str):
+            raise TypeError("encode_batch takes a sequence of strings; use encode for one string.")
+        encoded = [self.encode(t) for t in texts]
+        if length is None:
+            length = max((len(e) for e in encoded), default=1)
+        if length < 1:
+            raise ValueError(f"length must be >= 1, got {length}.")
+        out = np.full((len(encoded), length), self.pad_id, np.int32)
+        for row, ids in enumerate(encoded):
+            if len(ids) > length:
+                if not truncate:
+                    snippet = texts[row][:60] + ("…" if len(texts[row]) > 60 else "")
+                    raise ValueError(f"Line {row} ({snippet!r}) encodes to {len(ids)} tokens (with EOS), more than "
+                                     f"length={length}. Pass truncate=True or a larger length.")
+                ids = ids[: length - 1] + [self.eos_id]
+            out[row, : len(ids)] = ids
+        return out
+
+    def decode_batch(self, ids) -> list[str]:
+        """``decode`` for each row of an int[b, L] array (or list of lists).
+
+        Raises:
+          ValueError: an id outside the vocabulary (the message names the row).
+        """
+        rows = ids.tolist() if isinstance(ids, np.ndarray) else [np.asarray(r).tolist() for r in ids]
+        out = []
+        for r, row in enumerate(rows):
+            self._check_ids(row, f" in row {r}")
+            out.append(self.decode(row))
+        return out
