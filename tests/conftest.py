@@ -1,0 +1,43 @@
+"""Shared test setup: the project's data directory and small helpers.
+
+The data (t5x fixtures, T5's SentencePiece model) lives outside the repository in ``../shared/data``;
+tests that need it fail -- not skip -- when it is missing, so CI cannot pass silently without it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import pytest
+
+jax.config.update("jax_enable_x64", False)
+
+DATA = (Path(__file__).parents[1] / ".." / "shared" / "data").resolve()
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    """``../shared/data`` (resolved). Fails the test with instructions when it is missing."""
+    if not DATA.is_dir():
+        pytest.fail(f"Test data directory {DATA} is missing. It holds the t5x fixtures and T5's spiece.model "
+                    "(see shared/data/SOURCES.md); check it out beside the repository as ../shared/data.")
+    return DATA
+
+
+@pytest.fixture(scope="session")
+def fixtures_dir(data_dir) -> Path:
+    """``../shared/data/fixtures``: t5x checkpoints and reference outputs (README.md there)."""
+    path = data_dir / "fixtures"
+    if not (path / "t5x" / "params_target.npz").is_file():
+        pytest.fail(f"{path} lacks t5x/params_target.npz; the shared data checkout is incomplete.")
+    return path
+
+
+@pytest.fixture(scope="session")
+def spiece_model(data_dir) -> Path:
+    """T5's SentencePiece model, ``../shared/data/tokenizer/t5/spiece.model``."""
+    path = data_dir / "tokenizer" / "t5" / "spiece.model"
+    if not path.is_file():
+        pytest.fail(f"{path} is missing; the shared data checkout is incomplete.")
+    return path
