@@ -1,0 +1,56 @@
+"""``specjax translate "..."``: translate sentences given on the command line with speculative sampling."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(sub) -> None:
+    """Registers ``specjax translate``."""
+    p = sub.add_parser("translate", help="translate English sentences given as arguments",
+                       description="Translates each argument English->German with the embedded default "
+                                   "pair (or --target/--draft checkpoints) by speculative sampling.")
+    p.add_argument("text", nargs="+", help="English sentences")
+    p.add_argument("--target", help="target checkpoint (default: the embedded pair)")
+    p.add_argument("--draft", help="draft checkpoint (default: the embedded pair's distilled draft)")
+    p.add_argument("--tokenizer", help="SentencePiece model for --target/--draft checkpoints")
+    p.add_argument("--prefix", default="", help='task prefix, e.g. "translate English to German: "')
+    p.add_argument("--gamma", type=int, default=4)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--max-decode-length", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Translates and prints one line per input, then alpha and tokens per target call."""
+    import jax
+
+    from specjax import bench
+    from specjax.decoding import speculative_sample
+
+    if bool(args.target) != bool(args.draft):
+        raise ValueError("Give both --target and --draft, or neither (to use the embedded default pair).")
+    if args.target:
+        from specjax.checkpoints import load_checkpoint
+        from specjax.tokenizer import Tokenizer
+
+        if not args.tokenizer:
+            raise ValueError("--tokenizer SPIECE_MODEL is needed with --target/--draft checkpoints.")
+        target, draft = load_checkpoint(args.target), load_checkpoint(args.draft)
+        tokenizer = Tokenizer(args.tokenizer)
+    else:
+        from specjax.defaults import load_default_pair
+
+        target, draft, tokenizer = load_default_pair()
+    rows = [tokenizer.encode(args.prefix + t) for t in args.text]
+    (x,) = bench.pad_batches(rows, batch_size=len(rows))
+    r = speculative_sample(target, draft, x, rng=jax.random.PRNGKey(args.seed), gamma=args.gamma,
+                           max_decode_length=args.max_decode_length, temperature=args.temperature,
+                           top_k=args.top_k, top_p=args.top_p)
+    for seq, n in zip(r.sequences, r.lengths):
+        print(tokenizer.decode(seq[:n]))
+    print(f"# acceptance rate {r.acceptance_rate:.3f}, tokens per target call {r.tokens_per_target_call:.2f}")
+    return 0
