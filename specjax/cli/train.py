@@ -27,8 +27,9 @@ def add_parser(sub) -> None:
                    help="model size: the default pair's 'target' or 'draft', or a T5 preset name")
     p.add_argument("--objective", default="reference", choices=["reference", "distill"])
     p.add_argument("--teacher", help="checkpoint of the target to distill from (objective=distill)")
-    p.add_argument("--teacher-outputs", help="file of the teacher's outputs (one line per source line) to "
-                                             "train on instead of references; made with `specjax generate`")
+    p.add_argument("--train-on", default=None, choices=["references", "teacher"],
+                   help="training targets: the reference translations, or the teacher's greedy outputs "
+                        "(default: teacher for --objective distill, references otherwise)")
     p.add_argument("--steps", type=int, default=3000)
     p.add_argument("--tokens-per-batch", type=int, default=2048)
     p.add_argument("--learning-rate", type=float, default=2e-3)
@@ -57,6 +58,8 @@ def run(args: argparse.Namespace) -> int:
     """Runs ``specjax train``; returns 0 on success."""
     import dataclasses
 
+    import numpy as np
+
     from specjax.config import T5Config
     from specjax.tokenizer import Tokenizer
     from specjax import train as tr
@@ -74,22 +77,28 @@ def run(args: argparse.Namespace) -> int:
     config = dataclasses.replace(config, vocab_size=tokenizer.vocab_size)
 
     sources, references = tr.read_parallel(args.source, args.target_text)
-    targets = references
-    if args.teacher_outputs:
-        outs = Path(args.teacher_outputs).read_text(encoding="utf-8").splitlines()
-        src_all = Path(args.source).read_text(encoding="utf-8").splitlines()
-        if len(outs) != len(src_all):
-            raise ValueError(f"--teacher-outputs has {len(outs)} lines, --source has {len(src_all)}.")
-        keep = [(s.strip(), o.strip()) for s, o in zip(src_all, outs) if s.strip() and o.strip()]
-        sources, targets = [k[0] for k in keep], [k[1] for k in keep]
-    src, tgt = tr.tokenize_pairs(tokenizer, sources, targets)
+    src, tgt = tr.tokenize_pairs(tokenizer, sources, references)
+    train_on = args.train_on or ("teacher" if args.objective == "distill" else "references")
     teacher = None
-    if args.objective == "distill":
+    if args.objective == "distill" or train_on == "teacher":
         if not args.teacher:
-            raise ValueError("--objective distill needs --teacher CHECKPOINT (the trained target).")
+            raise ValueError("--objective distill and --train-on teacher need --teacher CHECKPOINT "
+                             "(the trained target).")
         from specjax.checkpoints import load_checkpoint
 
         teacher = load_checkpoint(args.teacher, dtype="float32")
+        if teacher.config.vocab_size != config.vocab_size:
+            raise ValueError(f"--teacher has a {teacher.config.vocab_size}-token vocabulary but --vocab has "
+                             f"{config.vocab_size}; pass the teacher's own spiece.model as --vocab.")
+    if train_on == "teacher":
+        cache = run_dir / "teacher_outputs.npz"
+        if cache.exists():  # resumable: the teacher's outputs are computed once per run directory
+            saved = np.load(cache)
+            tgt = [np.asarray(t, np.int32) for t in np.split(saved["flat"], saved["ends"][:-1])]
+        else:
+            tgt = tr.teacher_outputs(teacher, src)
+            ends = np.cumsum([len(t) for t in tgt])
+            np.savez(cache, flat=np.concatenate(tgt), ends=ends)
     tc = tr.TrainConfig(objective=args.objective, num_steps=args.steps, tokens_per_batch=args.tokens_per_batch,
                         learning_rate=args.learning_rate, warmup_steps=args.warmup_steps, seed=args.seed)
     model = tr.train(config, tc, src, tgt, run_dir, teacher=teacher)
