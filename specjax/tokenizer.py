@@ -80,17 +80,26 @@ class Tokenizer:
         if bad:
             raise ValueError(
                 f"Token ids outside the vocabulary [0, {self.vocab_size}){where}: {bad[:5]}. The model's "
-                f"embedding may have more rows than the tokenizer; were these ids produced by a model with "
-                f"another vocabulary?")
+                f"embedding may have more rows than the tokenizer (pass out_of_range='unk' to decode them as "
+                f"unk, as seqio does), or the ids come from a model with another vocabulary.")
         return out
 
-    def decode(self, ids: Iterable[int]) -> str:
+    def decode(self, ids: Iterable[int], out_of_range: str = "raise") -> str:
         """Text of ``ids`` up to (not including) the first EOS; pad ids are dropped.
 
+        Args:
+          ids: int token ids, 1-D.
+          out_of_range: "raise" (default), or "unk" to map ids >= ``vocab_size`` to ``unk_id`` as seqio
+            does (a 32128-row model can emit ids 32100..32127, which have no piece).
         Raises:
-          ValueError: an id is negative or >= ``vocab_size`` (the message names them).
+          ValueError: an id is negative, or >= ``vocab_size`` with ``out_of_range="raise"``.
         """
-        ids = self._check_ids(np.asarray(ids).reshape(-1).tolist() if not isinstance(ids, list) else ids)
+        ids = np.asarray(ids).reshape(-1).tolist() if not isinstance(ids, list) else ids
+        if out_of_range == "unk":
+            ids = [self.unk_id if int(i) >= self.vocab_size else int(i) for i in ids]
+        elif out_of_range != "raise":
+            raise ValueError(f"out_of_range must be 'raise' or 'unk', got {out_of_range!r}.")
+        ids = self._check_ids(ids)
         if self.eos_id in ids:
             ids = ids[: ids.index(self.eos_id)]
         return self._sp.DecodeIds([i for i in ids if i != self.pad_id])

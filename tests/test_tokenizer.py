@@ -64,6 +64,7 @@ def test_decode_rejects_ids_outside_vocabulary(tok):
         tok.decode([37, 32127, 1])
     with pytest.raises(ValueError, match="outside the vocabulary"):
         tok.decode([-1])
+    assert tok.decode([37, 32127, 1], out_of_range="unk") == tok.decode([37, 2, 1])
     with pytest.raises(ValueError, match="in row 1"):
         tok.decode_batch([[37, 1], [40000]])
 
