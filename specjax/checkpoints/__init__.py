@@ -14,7 +14,6 @@ from typing import Any
 import numpy as np
 
 from specjax.checkpoints.rules import CheckpointError, unflatten
-from specjax.config import T5Config
 from specjax.models.t5 import T5Model
 
 __all__ = ["CheckpointError", "load_checkpoint", "save_checkpoint", "detect_format"]
