@@ -136,7 +136,9 @@ class T5Config:
         else:
             raise ValueError(f"feed_forward_proj={proj!r} is not supported; use 'relu' (T5 1.0) or "
                              "'gated-gelu' (T5 1.1 / Flan-T5).")
-        tie = bool(config.get("tie_word_embeddings", True))
+        # transformers >= 5 always writes tie_word_embeddings=true for T5 and records whether the decoder
+        # output is scaled by 1/sqrt(d) (the T5 1.0 tied head) in scale_decoder_outputs.
+        tie = bool(config.get("scale_decoder_outputs", config.get("tie_word_embeddings", True)))
         num_layers = int(config["num_layers"])
         fields = dict(
             vocab_size=int(config["vocab_size"]), d_model=int(config["d_model"]),
@@ -165,7 +167,8 @@ class T5Config:
             "initializer_factor": 1.0,
             "feed_forward_proj": "gated-gelu" if self.gated_gelu else "relu",
             "is_gated_act": self.gated_gelu, "dense_act_fn": "gelu_new" if self.gated_gelu else "relu",
-            "tie_word_embeddings": self.logits_via_embedding, "is_encoder_decoder": True,
+            "tie_word_embeddings": self.logits_via_embedding,
+            "scale_decoder_outputs": self.logits_via_embedding, "is_encoder_decoder": True,
             "pad_token_id": self.pad_id, "eos_token_id": self.eos_id,
             "decoder_start_token_id": self.pad_id, "use_cache": True,
         }
