@@ -1,0 +1,514 @@
+"""Decoding across devices: data parallel (per-device loops) and model parallel (a ("data", "model") mesh).
+
+Legend for shapes (STYLE.md): ``b`` batch, ``s`` encoder length, ``T`` max_decode_length, ``D`` devices,
+``l`` layers, ``L`` cache length, ``n`` heads, ``h`` head dim, ``v`` vocab.
+
+Two ways to spread one decode call (``temperature_sample`` or ``speculative_sample``, same arguments):
+
+* ``data_parallel_sample``: the batch is split into ``D`` equal slices, one per device, and every device
+  runs its own ``lax.while_loop`` on its slice (``jax.shard_map`` over a 1-D "data" mesh; parameters
+  replicated). The loop body holds no collective, so a device whose rows are all finished stops iterating
+  instead of stepping in lockstep with the slowest device. A batch that does not divide by ``D`` is padded
+  with copies of its last row (so padding never outlives the real rows) that are dropped from the result.
+* ``model_parallel_sample``: one ``jax.jit`` program over a ``("data", "model")`` mesh. Parameters are
+  placed with ``NamedSharding``s derived from the model's logical axis names
+  (``specjax.models.t5.param_logical_axes``) through one rules table (``STANDARD_RULES``, t5x's standard
+  rules); the batch is split over "data"; the big kernels over "model", so a target larger than one
+  device (T5-XXL: 11B parameters, 22 GB in bfloat16) decodes. The loop is global: its stop test is one
+  all-reduced flag, so the data groups step together.
+
+Row ``i`` always uses its own PRNG key (``fold_in(rng, i)``), so the results equal one-device results.
+Sources: the JAX sharding guides (``jax.sharding.NamedSharding``, ``jax.shard_map``), t5x
+``partitioning.py`` (``standard_logical_axis_rules``, logical-to-mesh mapping).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import re
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from specjax import decoding
+from specjax.models import t5
+
+__all__ = [
+    "STANDARD_RULES", "Rules", "make_mesh", "parse_mesh", "logical_to_mesh_spec", "param_shardings",
+    "shard_params", "replicate_params", "data_parallel_sample", "model_parallel_sample",
+    "maybe_initialize_distributed", "decode_fn_from_flags", "num_compiled_programs",
+]
+
+Rules = tuple[tuple[str, "str | None"], ...]
+"""A logical-to-mesh rules table: ``((logical_name, mesh_axis_or_None), ...)``, one entry per name."""
+
+DATA, MODEL = "data", "model"
+
+STANDARD_RULES: Rules = (
+    # t5x partitioning.standard_logical_axis_rules (1-D model parallelism): batch over "data", the wide
+    # dimensions of attention / MLP / vocabulary over "model", the model width replicated.
+    ("batch", DATA),
+    ("vocab", MODEL),
+    ("mlp", MODEL),
+    ("heads", MODEL),
+    ("joined_kv", MODEL),
+    ("embed", None),
+    ("relpos_buckets", None),
+    # Activation-only names (decoder caches, encoder outputs).
+    ("layers", None),
+    ("length", None),
+    ("kv", None),
+)
+"""The default rules: t5x's standard logical axis rules for a ``("data", "model")`` mesh."""
+
+_MESH_RE = re.compile(r"^\s*([A-Za-z_]\w*)\s*:\s*(\d+)\s*$")
+_MESH_HELP = ("Write it as comma-separated name:size pairs over the axes 'data' and 'model', e.g. "
+              "--mesh data:2,model:4; the sizes must multiply to the device count.")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Meshes
+
+
+def parse_mesh(spec: str) -> dict[str, int]:
+    """Parses ``"data:2,model:4"`` into ``{"data": 2, "model": 4}`` (an axis left out has size 1).
+
+    Raises:
+      ValueError: not ``name:size`` pairs, an axis other than "data" / "model", a repeated axis, or a size
+        below 1 (the message says which part and how to write it).
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"Mesh spec {spec!r} is empty. {_MESH_HELP}")
+    sizes: dict[str, int] = {}
+    for part in spec.split(","):
+        match = _MESH_RE.match(part)
+        if not match:
+            raise ValueError(f"Mesh spec {spec!r}: cannot read {part.strip()!r} as name:size. {_MESH_HELP}")
+        name, size = match.group(1), int(match.group(2))
+        if name not in (DATA, MODEL):
+            raise ValueError(f"Mesh spec {spec!r}: unknown axis {name!r}; the axes are 'data' (splits the "
+                             f"batch) and 'model' (splits the weights). {_MESH_HELP}")
+        if name in sizes:
+            raise ValueError(f"Mesh spec {spec!r}: axis {name!r} is given twice. {_MESH_HELP}")
+        if size < 1:
+            raise ValueError(f"Mesh spec {spec!r}: axis {name!r} has size {size}; sizes are >= 1. {_MESH_HELP}")
+        sizes[name] = size
+    return {DATA: sizes.get(DATA, 1), MODEL: sizes.get(MODEL, 1)}
+
+
+def make_mesh(spec: str | None = None, devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A ``("data", "model")`` mesh over all devices (of every process), from a spec like ``"data:2,model:4"``.
+
+    Uses ``jax.make_mesh`` (topology-aware device order on TPU) with ``Auto`` axis types, so ``jax.jit``
+    propagates shardings from ``NamedSharding`` inputs and ``with_sharding_constraint``.
+
+    Args:
+      spec: ``"data:N,model:M"`` (either part may be left out: size 1); None: ``data:<device count>``.
+      devices: the devices to use (default ``jax.devices()``, global across processes).
+    Returns:
+      ``jax.sharding.Mesh`` with axis names ``("data", "model")`` and shape ``(N, M)``.
+    Raises:
+      ValueError: a malformed spec (see ``parse_mesh``), or sizes whose product is not the device count.
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    count = len(devices)
+    sizes = {DATA: count, MODEL: 1} if spec is None else parse_mesh(spec)
+    if sizes[DATA] * sizes[MODEL] != count:
+        kind = devices[0].platform if devices else "?"
+        raise ValueError(
+            f"Mesh spec {spec!r} asks for {sizes[DATA]} x {sizes[MODEL]} = {sizes[DATA] * sizes[MODEL]} "
+            f"devices but {count} {kind} device(s) are visible (jax.devices()). Choose sizes that multiply to "
+            f"{count}, e.g. --mesh data:1,model:{count} or data:{count},model:1; on CPU, forcing host "
+            "devices takes XLA_FLAGS=--xla_force_host_platform_device_count=N before JAX starts.")
+    auto = (jax.sharding.AxisType.Auto,) * 2
+    return jax.make_mesh((sizes[DATA], sizes[MODEL]), (DATA, MODEL), axis_types=auto, devices=devices)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Logical axis names -> mesh axes
+
+
+def _check_rules(rules: Rules, mesh: Mesh) -> dict[str, str | None]:
+    table: dict[str, str | None] = {}
+    for entry in rules:
+        if not (isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[0], str)
+                and (entry[1] is None or isinstance(entry[1], str))):
+            raise ValueError(f"Rules entry {entry!r} must be a (logical_name, mesh_axis_or_None) pair.")
+        name, axis = entry
+        if name in table:
+            raise ValueError(f"Rules map logical axis {name!r} twice ({table[name]!r} and {axis!r}); give each "
+                             "logical name exactly one mesh axis (or None to replicate).")
+        if axis is not None and axis not in mesh.axis_names:
+            raise ValueError(f"Rules map logical axis {name!r} to mesh axis {axis!r}, which the mesh lacks "
+                             f"(its axes: {mesh.axis_names}).")
+        table[name] = axis
+    return table
+
+
+def logical_to_mesh_spec(logical: Sequence[str | None], rules: Rules, mesh: Mesh, *, what: str = "tensor",
+                         shape: Sequence[int] | None = None) -> P:
+    """Maps one tensor's logical axis names to a mesh ``PartitionSpec`` through ``rules``.
+
+    Args:
+      logical: one logical name (or None: replicated) per tensor dimension, e.g. ``("embed", "mlp")``.
+      rules: the rules table (``STANDARD_RULES``).
+      mesh: the mesh the spec is for.
+      what: the tensor's name, for messages.
+      shape: if given, each sharded dimension must divide by its mesh axis size.
+    Returns:
+      ``PartitionSpec`` of mesh axis names (None where replicated), e.g. ``P(None, "model")``.
+    Raises:
+      ValueError: a logical name missing from the rules; two dimensions of one tensor mapped to the same
+        mesh axis (a collision: one mesh axis can split a tensor only once); a dimension that does not
+        divide by its mesh axis size.
+    """
+    table = _check_rules(rules, mesh)
+    out: list[str | None] = []
+    used: dict[str, str] = {}
+    for dim, name in enumerate(logical):
+        if name is None:
+            out.append(None)
+            continue
+        if name not in table:
+            raise ValueError(f"{what}: logical axis {name!r} has no rule; add ({name!r}, None) to the rules to "
+                             f"replicate it or ({name!r}, 'model') to split it.")
+        axis = table[name]
+        if axis is not None:
+            if axis in used:
+                raise ValueError(
+                    f"{what}: logical axes {used[axis]!r} and {name!r} both map to mesh axis {axis!r}; a mesh "
+                    f"axis can split a tensor only once. Map one of them to None in the rules.")
+            used[axis] = name
+            if shape is not None and shape[dim] % mesh.shape[axis]:
+                raise ValueError(
+                    f"{what}: dimension {dim} ({name!r}, size {shape[dim]}) does not divide by mesh axis "
+                    f"{axis!r} of size {mesh.shape[axis]}. Use a 'model' size that divides it, or map {name!r} "
+                    "to None in the rules.")
+        out.append(axis)
+    return P(*out)
+
+
+def _path_name(path) -> str:
+    return "/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
+
+
+def param_shardings(config: t5.T5Config, mesh: Mesh, rules: Rules = STANDARD_RULES) -> Any:
+    """``NamedSharding`` per parameter of a T5 with ``config``, from its logical axes and ``rules``.
+
+    Returns:
+      a pytree of ``NamedSharding`` with the params' structure (t5x names).
+    Raises:
+      ValueError: see ``logical_to_mesh_spec`` (collisions, missing rules, indivisible dimensions).
+    """
+    logical = t5.param_logical_axes(config)
+    shapes = t5.abstract_params(config)
+    is_spec = lambda x: isinstance(x, P)  # noqa: E731
+    flat, treedef = jax.tree_util.tree_flatten_with_path(logical, is_leaf=is_spec)
+    flat_shapes = treedef.flatten_up_to(shapes)
+    shardings = [
+        NamedSharding(mesh, logical_to_mesh_spec(tuple(spec), rules, mesh, what=f"parameter {_path_name(path)}",
+                                                 shape=shape.shape))
+        for (path, spec), shape in zip(flat, flat_shapes)]
+    return jax.tree_util.tree_unflatten(treedef, shardings)
+
+
+def _put(x, sharding: NamedSharding) -> jax.Array:
+    """Places one array; across processes each host supplies its own devices' slices (same full value)."""
+    if jax.process_count() == 1:
+        return jax.device_put(x, sharding)
+    if isinstance(x, jax.Array) and x.sharding == sharding:
+        return x
+    host = np.asarray(x)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
+def shard_params(model: t5.T5Model, mesh: Mesh, rules: Rules = STANDARD_RULES) -> t5.T5Model:
+    """The model with every parameter split over ``mesh`` as ``rules`` say (``param_shardings``).
+
+    With ``STANDARD_RULES`` on ``data:N,model:M`` each device holds 1/M of every kernel with a heads /
+    joined_kv / mlp / vocab dimension and a full copy of the small rest (layer norms). Host memory must hold
+    the model once; each device receives only its slices.
+
+    Args:
+      model: a ``T5Model`` (params as numpy or jax arrays).
+      mesh: from ``make_mesh``.
+      rules: the rules table.
+    Returns:
+      ``T5Model`` with the same config and params as sharded ``jax.Array``s.
+    Raises:
+      ValueError: see ``param_shardings``.
+    """
+    shardings = param_shardings(model.config, mesh, rules)
+    return t5.T5Model(model.config, jax.tree_util.tree_map(_put, model.params, shardings))
+
+
+def replicate_params(model: t5.T5Model, mesh: Mesh) -> t5.T5Model:
+    """The model with a full copy of every parameter on every device of ``mesh`` (e.g. a small draft)."""
+    replicated = NamedSharding(mesh, P())
+    return t5.T5Model(model.config, jax.tree_util.tree_map(lambda x: _put(x, replicated), model.params))
+
+
+def _drop_axis(rules: Rules, keep: str) -> Rules:
+    """``rules`` with every mesh axis but ``keep`` replaced by None (e.g. a draft replicated over "model")."""
+    return tuple((name, axis if axis == keep else None) for name, axis in rules)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Activations: a DecodingModel wrapper that pins encoder outputs, caches and logits to the mesh
+
+
+_ENCODED_AXES = t5.Encoded(mask=("batch", "length"), cross_k=("layers", "batch", "length", "heads", "kv"),
+                           cross_v=("layers", "batch", "length", "heads", "kv"))
+_CACHE_AXES = t5.KVCache(k=("layers", "batch", "length", "heads", "kv"),
+                         v=("layers", "batch", "length", "heads", "kv"))
+
+
+@dataclasses.dataclass(frozen=True)
+class _MeshT5Decoding:
+    """``DecodingModel`` for T5 on a mesh: ``T5Decoding`` plus ``with_sharding_constraint`` on what the loop
+    carries (encoder outputs and caches [l, b, L, n, h]: batch over data, heads over model) and on the
+    logits [b, k, v] (batch only: the vocabulary is gathered once per call before sampling)."""
+    inner: decoding.T5Decoding
+    mesh: Mesh
+    rules: Rules
+
+    @property
+    def vocab_size(self) -> int:
+        return self.inner.vocab_size
+
+    @property
+    def pad_id(self) -> int:
+        return self.inner.pad_id
+
+    def _pin(self, x, logical):
+        spec = logical_to_mesh_spec(logical, self.rules, self.mesh, what="activation")
+        return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))
+
+    def _pin_tree(self, tree, axes):
+        return type(tree)(*(self._pin(x, a) for x, a in zip(tree, axes)))
+
+    def encode(self, params, encoder_input_tokens):
+        return self._pin_tree(self.inner.encode(params, encoder_input_tokens), _ENCODED_AXES)
+
+    def decode(self, params, encoded, tokens, cache, positions):
+        logits, cache = self.inner.decode(params, encoded, tokens, cache, positions)
+        return self._pin(logits, ("batch", None, None)), self._pin_tree(cache, _CACHE_AXES)
+
+    def init_cache(self, batch, length):
+        return self._pin_tree(self.inner.init_cache(batch, length), _CACHE_AXES)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Shared plumbing
+
+
+_PROGRAMS = {decoding.temperature_sample: decoding.temperature_sample_program,
+             decoding.speculative_sample: decoding.speculative_sample_program}
+
+_JITTED: list = []  # every jitted program this module built, for num_compiled_programs()
+
+
+def _program(fn: Callable, args, kwargs) -> decoding.DecodeProgram:
+    try:
+        build = _PROGRAMS[fn]
+    except (KeyError, TypeError):
+        raise ValueError(f"fn must be specjax.temperature_sample or specjax.speculative_sample, got {fn!r}.")
+    return build(*args, **kwargs)
+
+
+def _pad_rows(x: np.ndarray, multiple: int) -> np.ndarray:
+    """[b, ...] -> [ceil(b / multiple) * multiple, ...], padded with copies of the last row."""
+    extra = -x.shape[0] % multiple
+    return np.concatenate([x, np.repeat(x[-1:], extra, axis=0)]) if extra else x
+
+
+def _to_host(x: jax.Array) -> np.ndarray:
+    if x.is_fully_addressable:
+        return np.asarray(x)
+    from jax.experimental import multihost_utils
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+def _run(jitted, program: decoding.DecodeProgram, params, batch_sharding: NamedSharding, multiple: int):
+    b = program.encoder_input_tokens.shape[0]
+    tokens = _pad_rows(np.asarray(program.encoder_input_tokens), multiple)  # int32[b', s]
+    keys = _pad_rows(np.asarray(jax.random.key_data(program.keys) if jnp.issubdtype(
+        program.keys.dtype, jax.dtypes.prng_key) else program.keys), multiple)  # uint32[b', 2]
+    out = jitted(params, _put(tokens, batch_sharding), _put(keys, batch_sharding))
+    host = jax.tree_util.tree_map(lambda x: _to_host(x)[:b], out)
+    return decoding.decode_result(host)
+
+
+def num_compiled_programs() -> int:
+    """How many XLA programs this module's jitted decodes hold (sum of their jit caches).
+
+    One per distinct (model configs, settings, mesh, input shapes): repeated batches of one shape reuse
+    one program. Uses ``jax.jit``'s ``_cache_size()``.
+    """
+    return sum(f._cache_size() for f in _JITTED)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Data parallel
+
+
+@functools.lru_cache(maxsize=64)
+def _data_parallel_jit(models, settings, mesh: Mesh):
+    loop = functools.partial(decoding.decode_loop, models, settings)
+    # One while loop per device: params replicated (P()), rows split over "data", no collective inside.
+    per_device = jax.shard_map(loop, mesh=mesh, in_specs=(P(), P(DATA), P(DATA)), out_specs=P(DATA),
+                               check_vma=False)
+    jitted = jax.jit(per_device)
+    _JITTED.append(jitted)
+    return jitted
+
+
+def data_parallel_sample(fn: Callable, *args, devices: Sequence[jax.Device] | None = None,
+                         **kwargs) -> decoding.DecodeResult:
+    """Runs ``fn`` (``temperature_sample`` or ``speculative_sample``) with its batch split over devices.
+
+    Each device runs its own decode loop on ``ceil(b / D)`` rows (``jax.shard_map`` over a 1-D "data" mesh,
+    no collective in the loop, so a device stops when its own rows finish). Parameters are replicated on
+    every device (pre-place them with ``replicate_params`` to skip the copy on every call). Rows keep the
+    keys ``fold_in(rng, i)`` of the whole batch, so the result equals ``fn(*args, **kwargs)`` on one device.
+    Repeated calls with the same shapes reuse one compiled program.
+
+    Args:
+      fn: ``specjax.temperature_sample`` or ``specjax.speculative_sample``.
+      *args, **kwargs: ``fn``'s arguments (models, ``encoder_input_tokens`` int[b, s], ``rng``, ...).
+      devices: the devices to split over (default: all, ``jax.devices()``).
+    Returns:
+      ``DecodeResult`` for the ``b`` rows, in input order (padding rows dropped).
+    Raises:
+      ValueError: ``fn`` is neither sampler, or any argument error of ``fn`` (before anything compiles).
+    """
+    program = _program(fn, args, kwargs)
+    devices = list(jax.devices() if devices is None else devices)
+    mesh = Mesh(np.asarray(devices), (DATA,))
+    replicated = NamedSharding(mesh, P())
+    params = jax.tree_util.tree_map(lambda x: _put(x, replicated), program.params)
+    jitted = _data_parallel_jit(program.models, program.settings, mesh)
+    return _run(jitted, program, params, NamedSharding(mesh, P(DATA)), len(devices))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Model parallel
+
+
+@functools.lru_cache(maxsize=64)
+def _model_parallel_jit(models, settings, mesh: Mesh, all_rules: tuple):
+    """models: the programs' DecodingModels; all_rules: one rules table per model (None: replicated)."""
+    wrapped, param_specs = [], []
+    for fns, rules in zip(models, all_rules):
+        if isinstance(fns, decoding.T5Decoding):
+            wrapped.append(_MeshT5Decoding(fns, mesh, rules))
+            param_specs.append(param_shardings(fns.config, mesh, rules))
+        else:  # a hand-made DecodingModel: params replicated, no activation constraints
+            wrapped.append(fns)
+            param_specs.append(NamedSharding(mesh, P()))
+    loop = functools.partial(decoding.decode_loop, tuple(wrapped), settings)
+    batch = NamedSharding(mesh, P(DATA))
+    jitted = jax.jit(loop, in_shardings=(tuple(param_specs), batch, batch), out_shardings=batch)
+    _JITTED.append(jitted)
+    return jitted, tuple(param_specs)
+
+
+def model_parallel_sample(fn: Callable, *args, mesh: Mesh, rules: Rules = STANDARD_RULES,
+                          shard_draft: bool = False, **kwargs) -> decoding.DecodeResult:
+    """Runs ``fn`` as one program over a ``("data", "model")`` mesh, the target's weights split by ``rules``.
+
+    The target's parameters are placed with ``param_shardings(config, mesh, rules)`` (a no-op if they
+    already are, e.g. from ``shard_params``), the batch is split over "data" (padded with copies of the last
+    row to a multiple of the data size), caches and encoder outputs are constrained to batch-over-data,
+    heads-over-model. The draft of ``speculative_sample`` is replicated over "model" unless ``shard_draft``.
+    Results equal ``fn(*args, **kwargs)`` on one device (up to float reduction order in the split matmuls).
+
+    Args:
+      fn: ``specjax.temperature_sample`` or ``specjax.speculative_sample``.
+      *args, **kwargs: ``fn``'s arguments.
+      mesh: from ``make_mesh("data:N,model:M")``.
+      rules: logical-to-mesh rules for the target (and a sharded draft).
+      shard_draft: split the draft's weights like the target's.
+    Returns:
+      ``DecodeResult`` for the ``b`` rows, in input order.
+    Raises:
+      ValueError: ``fn`` is neither sampler; rules with collisions, unknown names or dimensions that do not
+        divide by their mesh axis; any argument error of ``fn``.
+    """
+    if tuple(mesh.axis_names) != (DATA, MODEL):
+        raise ValueError(f"model_parallel_sample needs a mesh with axes ('data', 'model'), got "
+                         f"{mesh.axis_names}; build one with specjax.parallel.make_mesh('data:N,model:M').")
+    program = _program(fn, args, kwargs)
+    _check_rules(rules, mesh)
+    rules = tuple(tuple(r) for r in rules)
+    all_rules = (rules,) + ((rules if shard_draft else _drop_axis(rules, DATA)),) * (len(program.models) - 1)
+    jitted, specs = _model_parallel_jit(program.models, program.settings, mesh, all_rules)
+    params = tuple(jax.tree_util.tree_map(_put, p, s) if not isinstance(s, NamedSharding)
+                   else jax.tree_util.tree_map(lambda x, s=s: _put(x, s), p)
+                   for p, s in zip(program.params, specs))
+    return _run(jitted, program, params, NamedSharding(mesh, P(DATA)), mesh.shape[DATA])
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Processes and the command line
+
+
+def maybe_initialize_distributed() -> bool:
+    """Calls ``jax.distributed.initialize()`` when this process is one of several (a TPU pod slice, SLURM,
+    Open MPI, Kubernetes); a no-op on one process (a laptop, a single-host TPU VM, CPU tests).
+
+    Detection: ``SPECJAX_DISTRIBUTED=1`` / ``0`` forces it on / off; ``JAX_COORDINATOR_ADDRESS`` set means
+    on; otherwise JAX's own cluster detection (the environments ``jax.distributed.initialize()`` reads).
+    Must run before anything touches a device (call it first thing in the program).
+
+    Returns:
+      True if the distributed runtime is (now) initialized, False if this is a single process.
+    Raises:
+      RuntimeError: (from JAX) a device was used before the call on a multi-process run.
+    """
+    if jax.distributed.is_initialized():
+        return True
+    forced = os.environ.get("SPECJAX_DISTRIBUTED")
+    if forced == "0":
+        return False
+    if forced == "1" or os.environ.get("JAX_COORDINATOR_ADDRESS"):
+        jax.distributed.initialize()
+        return True
+    try:
+        from jax._src import clusters  # JAX's detection of the environments initialize() understands
+        detected = any(not env.opt_in_only_method and env.is_env_present()
+                       for env in clusters.ClusterEnv._cluster_types)
+    except Exception:  # private API moved, or a metadata query failed: treat as one process
+        detected = False
+    if detected:
+        jax.distributed.initialize()
+    return detected
+
+
+def decode_fn_from_flags(data_parallel: bool = False, mesh: str | None = None,
+                         rules: Rules = STANDARD_RULES) -> Callable[..., decoding.DecodeResult]:
+    """The decode runner the CLI flags ``--data-parallel`` and ``--mesh data:N,model:M`` ask for.
+
+    Returns a callable ``run(fn, *args, **kwargs) -> DecodeResult`` where ``fn`` is ``temperature_sample``
+    or ``speculative_sample``: plain ``fn(*args, **kwargs)`` with neither flag, ``data_parallel_sample``
+    with ``data_parallel``, ``model_parallel_sample`` on ``make_mesh(mesh)`` with ``mesh``.
+
+    Raises:
+      ValueError: both flags given, or a malformed mesh / one whose sizes do not multiply to the device
+        count (raised here, before any model is loaded onto devices).
+    """
+    if data_parallel and mesh:
+        raise ValueError("--data-parallel and --mesh are alternatives: --data-parallel splits the batch over "
+                         "all devices with replicated weights; --mesh data:N,model:M also splits the weights "
+                         "(use --mesh data:<devices>,model:1 for pure data parallelism on a mesh).")
+    if data_parallel:
+        return data_parallel_sample
+    if mesh:
+        the_mesh = make_mesh(mesh)
+        return functools.partial(model_parallel_sample, mesh=the_mesh, rules=rules)
+    return lambda fn, *args, **kwargs: fn(*args, **kwargs)
