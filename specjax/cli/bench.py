@@ -1,0 +1,308 @@
+"""``specjax bench``: the paper's Table 2 layout, theory against measurement, and transformers side by side.
+
+Rows come from an experiment file (``--config configs/paper_table2.json``; layout in ``configs/README.md``)
+or from the command line (``--target/--draft/--tokenizer/--input``; with neither, the shipped default pair
+on Multi30k test 2016). Every row is measured at each γ and batch size: speculative_sample and
+temperature_sample on the same inputs, alternating, after compilation (compile time reported apart).
+Writes ``table.md``, ``table.csv``, ``results.json``, ``alpha_vs_gamma.png`` and ``speedup_vs_gamma.png``
+to ``--out``; ``--profile`` adds ``profile.txt``; ``--hf`` adds ``hf_compare.md/json`` and
+``scaling.md/json``; ``goals.md`` holds the ratios the project's goals are stated in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_parser(sub) -> None:
+    """Registers ``specjax bench``."""
+    p = sub.add_parser(
+        "bench", help="Table-2 style benchmark: alpha, speedup, theory vs measured, plots; --hf: vs transformers",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = p.add_argument_group("what to run")
+    src.add_argument("--config", help="experiment file (e.g. configs/paper_table2.json, configs/default_pair_cpu.json)")
+    src.add_argument("--task", action="append", help="only rows of this task (repeatable)")
+    src.add_argument("--draft-name", action="append", help="only rows with this draft name (repeatable)")
+    src.add_argument("--model", action="append", default=[], metavar="NAME=PATH",
+                     help="replace a model of the experiment file, e.g. T5-XXL=gs://my-bucket/xxl_ende/checkpoint_N")
+    src.add_argument("--target", help="target checkpoint (overrides every row's target)")
+    src.add_argument("--draft", help="draft checkpoint (overrides every row's draft)")
+    src.add_argument("--tokenizer", help="SentencePiece model (local or gs://); 'default' = the shipped pair's")
+    src.add_argument("--input", help="input text file, one input per line (without --config)")
+    src.add_argument("--references", help="line-aligned references for BLEU/ROUGE (without --config)")
+    src.add_argument("--metric", choices=["bleu", "rouge", "none"], help="quality metric (without --config: bleu)")
+    src.add_argument("--task-name", default=None, help="task name printed in the table (without --config)")
+    src.add_argument("--prefix", default=None,
+                     help='task prefix, e.g. "translate English to German: " or "summarize: " (overrides the file)')
+    sweep = p.add_argument_group("sweep (override the experiment file)")
+    sweep.add_argument("--gammas", type=int, nargs="+", help="γ values (default: each row's; without --config 1 2 3 4 5)")
+    sweep.add_argument("--temperatures", type=float, nargs="+", help="temperatures (default: each row's; else 0 1)")
+    sweep.add_argument("--batch-sizes", type=int, nargs="+", default=[1], help="batch sizes (default 1)")
+    sweep.add_argument("--num-inputs", type=int, help="first N input lines (default: the file's; without --config 32)")
+    sweep.add_argument("--max-decode-length", type=int, help="most output tokens (default: the file's; else 64)")
+    sweep.add_argument("--max-input-length", type=int, help="inputs truncated to this many tokens (default 512)")
+    sweep.add_argument("--repeats", type=int, default=1, help="passes over the inputs per measurement (default 1)")
+    sweep.add_argument("--seed", type=int, default=0)
+    sweep.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                       help="compute dtype (float32 on CPU; bfloat16 on TPU as the paper)")
+    sweep.add_argument("--cost-steps", type=int, default=32, help="decode calls per timing loop for c")
+    out = p.add_argument_group("output")
+    out.add_argument("--out", default="bench_out", help="output directory (default bench_out)")
+    out.add_argument("--no-quality", action="store_true", help="skip BLEU/ROUGE")
+    out.add_argument("--no-plots", action="store_true")
+    out.add_argument("--profile", action="store_true",
+                     help="time the pieces (encode, draft step, target window, accept) and print where the time goes")
+    hf = p.add_argument_group("transformers side by side")
+    hf.add_argument("--hf", action="store_true",
+                    help="also run transformers assisted/plain generate on the first row's pair and inputs "
+                         "(CPU, float32, batch 1), check greedy tokens, and measure batch scaling")
+    hf.add_argument("--hf-only", action="store_true", help="only the transformers comparison and batch scaling")
+    hf.add_argument("--hf-inputs", type=int, default=16, help="inputs for the comparison (default 16)")
+    hf.add_argument("--hf-gamma", type=int, help="γ for the comparison (default: the first row's first γ)")
+    hf.add_argument("--scaling-batch-sizes", type=int, nargs="+", default=[1, 4, 16, 32])
+    p.set_defaults(func=run)
+
+
+def _rows(args):
+    import dataclasses
+    import os
+
+    from specjax import bench
+    from specjax.defaults import demo_sentences
+
+    if args.config:
+        meta, rows = bench.load_experiment(args.config)
+        overrides = {}
+        for item in args.model:
+            if "=" not in item:
+                raise ValueError(f"--model takes NAME=PATH, got {item!r}.")
+            name, path = item.split("=", 1)
+            known = meta.get("models", {})
+            if name not in known:
+                raise ValueError(f"--model {name!r}: the experiment's models are {sorted(known)}.")
+            overrides[name] = path
+        rows = [dataclasses.replace(r, target_path=overrides.get(r.target, r.target_path),
+                                    draft_path=overrides.get(r.draft, r.draft_path)) for r in rows]
+        if args.task:
+            rows = [r for r in rows if r.task in args.task]
+        if args.draft_name:
+            rows = [r for r in rows if r.draft in args.draft_name]
+        if not rows:
+            raise ValueError(f"No rows of {args.config} match --task {args.task} --draft-name {args.draft_name}.")
+    else:
+        if bool(args.target) != bool(args.draft):
+            raise ValueError("Give both --target and --draft, or neither (the shipped default pair).")
+        if args.input:
+            inp, refs = args.input, args.references
+        else:
+            inp, _ = demo_sentences()
+            ref = inp[:-3] + ".de" if inp.endswith(".en") else None
+            refs = args.references or (ref if ref and os.path.exists(ref) else None)
+        metric = None if args.metric == "none" else (args.metric or "bleu")
+        temps = args.temperatures or [0.0, 1.0]
+        rows = [bench.BenchRow(
+            task=args.task_name or ("multi30k" if not args.input else os.path.splitext(os.path.basename(inp))[0]),
+            target="target" if args.target else "default target",
+            draft="draft" if args.draft else "distilled",
+            target_path=args.target or "default:target", draft_path=args.draft or "default:distilled",
+            temperature=float(t), gammas=tuple(args.gammas or (1, 2, 3, 4, 5)), input=inp, references=refs,
+            metric=metric, tokenizer=args.tokenizer or ("default" if not args.target else ""),
+            num_inputs=args.num_inputs or 32, max_decode_length=args.max_decode_length or 64,
+            max_input_length=args.max_input_length or 512, prefix=args.prefix or "") for t in temps]
+        if args.target and not args.tokenizer:
+            raise ValueError("--tokenizer SPIECE_MODEL is needed with --target/--draft checkpoints.")
+        return rows
+    # Overrides on experiment-file rows.
+    new = []
+    for r in rows:
+        changes = {}
+        if args.target:
+            changes.update(target_path=args.target, target="target")
+        if args.draft:
+            changes.update(draft_path=args.draft, draft="draft")
+        if args.tokenizer:
+            changes["tokenizer"] = args.tokenizer
+        if args.gammas:
+            changes["gammas"] = tuple(args.gammas)
+        for key in ("num_inputs", "max_decode_length", "max_input_length", "prefix"):
+            if getattr(args, key) is not None:
+                changes[key] = getattr(args, key)
+        if args.metric:
+            changes["metric"] = None if args.metric == "none" else args.metric
+        new.append(dataclasses.replace(r, **changes))
+    if args.temperatures:
+        seen, expanded = set(), []
+        for r in new:
+            for t in args.temperatures:
+                key = (r.task, r.target_path, r.draft_path, float(t))
+                if key not in seen:
+                    seen.add(key)
+                    expanded.append(dataclasses.replace(r, temperature=float(t)))
+        new = expanded
+    return new
+
+
+class _Loader:
+    """Loads each checkpoint and tokenizer once per run."""
+
+    def __init__(self, dtype: str):
+        self.dtype, self.models, self.tokenizers = dtype, {}, {}
+
+    def model(self, path: str):
+        if path not in self.models:
+            if path.startswith("default:"):
+                from specjax.defaults import load_default_pair
+
+                kind = path.split(":", 1)[1]
+                target, draft, _ = load_default_pair("distilled" if kind == "target" else kind, dtype=self.dtype)
+                self.models[path] = target if kind == "target" else draft
+            else:
+                from specjax.checkpoints import load_checkpoint
+
+                self.models[path] = load_checkpoint(path, dtype=self.dtype)
+        return self.models[path]
+
+    def tokenizer(self, path: str):
+        if path not in self.tokenizers:
+            from specjax.tokenizer import Tokenizer
+
+            if path in ("default", ""):
+                if path == "":
+                    raise ValueError("A tokenizer is needed: pass --tokenizer SPIECE_MODEL.")
+                from specjax.defaults import DEFAULT_PAIR
+
+                self.tokenizers[path] = Tokenizer(str(DEFAULT_PAIR / "spiece.model"), extra_ids=0)
+            elif path.startswith("gs://"):
+                self.tokenizers[path] = Tokenizer(_fetch_gcs(path))
+            else:
+                self.tokenizers[path] = Tokenizer(path)
+        return self.tokenizers[path]
+
+
+def _fetch_gcs(url: str) -> str:
+    """Copies a gs:// file to a local temporary file (TensorStore's gcs key-value store); returns its path."""
+    import os
+    import tempfile
+
+    import tensorstore as ts
+
+    bucket, _, key = url[len("gs://"):].partition("/")
+    value = ts.KvStore.open({"driver": "gcs", "bucket": bucket}).result().read(key).result().value
+    if not value:
+        raise FileNotFoundError(f"Could not read {url} (empty or missing; check access with gsutil ls).")
+    path = os.path.join(tempfile.mkdtemp(prefix="specjax_"), os.path.basename(key))
+    with open(path, "wb") as f:
+        f.write(value)
+    return path
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs the benchmark; returns 0. Raises ValueError / FileNotFoundError with a message on bad input."""
+    import json
+    import os
+
+    import numpy as np
+    from tqdm.auto import tqdm
+
+    from specjax import bench
+
+    for name in ("num_inputs", "max_decode_length", "max_input_length", "hf_inputs"):
+        v = getattr(args, name)
+        if v is not None and v < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {v}.")
+    if args.repeats < 1 or any(b < 1 for b in args.batch_sizes) or any(g < 1 for g in (args.gammas or [1])):
+        raise ValueError("--repeats, --batch-sizes and --gammas must be >= 1.")
+    rows = _rows(args)
+    os.makedirs(args.out, exist_ok=True)
+    loader = _Loader(args.dtype)
+    env = bench.environment()
+    print(f"jax {env['jax']}, backend {env['backend']}, {env['device_count']} x {env['device_kind']}; "
+          f"{len(rows)} rows -> {args.out}", file=sys.stderr)
+    records, hf_result, scaling = [], None, None
+
+    if not args.hf_only:
+        def count(r):
+            n = min(r.num_inputs, len(bench.read_lines(r.input, r.num_inputs)))
+            return sum(-(-n // b) for b in args.batch_sizes) * len(r.gammas) * args.repeats
+
+        total = sum(count(r) for r in rows)
+        with tqdm(total=total, desc="bench", unit="batch", file=sys.stderr) as bar:
+            for r in rows:
+                bar.set_postfix_str(f"{r.task} {r.draft} T={r.temperature:g} loading")
+                target, draft = loader.model(r.target_path), loader.model(r.draft_path)
+                tok = loader.tokenizer(r.tokenizer)
+                bar.set_postfix_str(f"{r.task} {r.draft} T={r.temperature:g}")
+                recs = bench.run_row(target, draft, tok, r, batch_sizes=args.batch_sizes, repeats=args.repeats,
+                                     seed=args.seed, cost_steps=args.cost_steps, with_quality=not args.no_quality,
+                                     on_batch=lambda: bar.update(1))
+                for x in recs:
+                    tqdm.write(f"{x['task']:>10} {x['draft']:>12} T={x['temperature']:g} γ={x['gamma']} "
+                               f"b={x['batch_size']}: α={x['alpha']:.3f} speedup {x['speedup']:.2f}x "
+                               f"(theory {x['expected_improvement']:.2f}x, c={x['c']:.3f})", file=sys.stderr)
+                records += recs
+        md = bench.format_markdown(records)
+        with open(os.path.join(args.out, "table.md"), "w", encoding="utf-8") as f:
+            f.write(md)
+        bench.write_csv(records, os.path.join(args.out, "table.csv"))
+        if not args.no_plots:
+            bench.plot_records(records, args.out)
+        print(md)
+
+    if args.profile and records:
+        texts = []
+        for r in rows:
+            target, draft = loader.model(r.target_path), loader.model(r.draft_path)
+            ids = bench.encode_inputs(loader.tokenizer(r.tokenizer), bench.read_lines(r.input, args.batch_sizes[0]
+                                      if len(args.batch_sizes) else 1), r.prefix, r.max_input_length)
+            x = bench.pad_batches(ids, batch_size=args.batch_sizes[0], pad_id=target.config.pad_id)[0]
+            for g in r.gammas:
+                pieces = bench.profile_pieces(target, draft, x, gamma=g, temperature=r.temperature)
+                match = [m for m in records if (m["task"], m["draft"], m["temperature"], m["gamma"],
+                                                m["batch_size"]) == (r.task, r.draft, r.temperature, g,
+                                                                     args.batch_sizes[0])]
+                head = f"{r.task} {r.draft} T={r.temperature:g} batch {args.batch_sizes[0]}"
+                texts.append(head + "\n" + bench.format_profile(pieces, g, match[0]["iteration_ms"] / 1e3
+                                                                if match else None))
+                print(texts[-1] + "\n")
+        with open(os.path.join(args.out, "profile.txt"), "w", encoding="utf-8") as f:
+            f.write("\n\n".join(texts) + "\n")
+
+    if args.hf or args.hf_only:
+        from specjax import hf_compare
+
+        r = rows[0]
+        target, draft = loader.model(r.target_path), loader.model(r.draft_path)
+        tok = loader.tokenizer(r.tokenizer)
+        ids = bench.encode_inputs(tok, bench.read_lines(r.input, args.hf_inputs), r.prefix, r.max_input_length)
+        gamma = args.hf_gamma or r.gammas[0]
+        hf_dir = os.path.join(args.out, "hf_export")
+        with tqdm(total=2 * len(ids), desc="transformers side by side", unit="input", file=sys.stderr) as bar:
+            hf_models = (hf_compare.to_transformers(target, os.path.join(hf_dir, "target")),
+                         hf_compare.to_transformers(draft, os.path.join(hf_dir, "draft")))
+            hf_result = hf_compare.compare_with_transformers(
+                target, draft, ids, gamma=gamma, max_decode_length=r.max_decode_length, seed=args.seed,
+                hf_models=hf_models, on_item=lambda: bar.update(1))
+        with tqdm(total=len(args.scaling_batch_sizes), desc="batch scaling", unit="batch size", file=sys.stderr) as bar:
+            scaling = hf_compare.batch_scaling(target, draft, ids, gamma=gamma, max_decode_length=r.max_decode_length,
+                                               batch_sizes=args.scaling_batch_sizes, seed=args.seed,
+                                               hf_target=hf_models[0], on_step=lambda: bar.update(1))
+        text = hf_compare.format_comparison(hf_result)
+        stext = hf_compare.format_scaling(scaling)
+        print(text + "\n" + stext)
+        for name, obj, txt in (("hf_compare", hf_result, text), ("scaling", scaling, stext)):
+            with open(os.path.join(args.out, f"{name}.json"), "w", encoding="utf-8") as f:
+                json.dump(obj, f, indent=1, default=float)
+            with open(os.path.join(args.out, f"{name}.md"), "w", encoding="utf-8") as f:
+                f.write(txt)
+
+    goals = bench.goal_ratios(records, hf_result, scaling)
+    gtext = bench.format_goals(goals)
+    print(gtext)
+    with open(os.path.join(args.out, "goals.md"), "w", encoding="utf-8") as f:
+        f.write(gtext + "\n")
+    with open(os.path.join(args.out, "results.json"), "w", encoding="utf-8") as f:
+        json.dump({"command": sys.argv, "environment": env, "records": records, "goals": goals,
+                   "hf_compare": hf_result, "scaling": scaling}, f, indent=1,
+                  default=lambda o: float(o) if isinstance(o, (np.floating, np.integer)) else str(o))
+    return 0
