@@ -1,0 +1,484 @@
+"""Tests of specjax.decoding: exactness of speculative sampling, greedy identity, edges, bad input, and the
+shape of the compiled program.
+
+Statistical tests use fixed seeds and a chi-square test at significance 0.001 (bins with expected count
+< 5 are merged into one).
+"""
+
+import dataclasses
+import itertools
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from specjax import T5Config, T5Model, speculative_sample, temperature_sample
+from specjax import decoding
+from specjax.decoding import DecodeResult, lower_speculative_sample, lower_temperature_sample
+from specjax.sampling import Sampler
+
+SIGNIFICANCE = 0.001
+EOS = 1
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Hand-made models (t5x decoding_test.py style): exact logits, explicit caches
+
+
+@dataclasses.dataclass(frozen=True)
+class PositionTable:
+    """Logits depend only on the decoder position: params float32[P, v] (row = position)."""
+    vocab_size: int
+    pad_id: int = 0
+
+    def encode(self, params, encoder_input_tokens):
+        return encoder_input_tokens
+
+    def init_cache(self, batch, length):
+        return jnp.zeros((batch,), jnp.int32)
+
+    def decode(self, params, encoded, tokens, cache, positions):
+        pos = positions[:, None] + jnp.arange(tokens.shape[1])[None, :]  # [b, k]
+        return params[jnp.minimum(pos, params.shape[0] - 1)], cache
+
+
+@dataclasses.dataclass(frozen=True)
+class Trigram:
+    """Logits depend on the last two decoder inputs, read from a token-history cache int32[b, L]:
+    params float32[v, v, v] indexed [previous input, current input]. A cache that misses a token gives
+    different logits, so this checks each model's cache invariant."""
+    vocab_size: int
+    pad_id: int = 0
+
+    def encode(self, params, encoder_input_tokens):
+        return encoder_input_tokens
+
+    def init_cache(self, batch, length):
+        return jnp.full((batch, length), -1, jnp.int32)
+
+    def decode(self, params, encoded, tokens, cache, positions):
+        b, k = tokens.shape
+        pos = positions[:, None] + jnp.arange(k)[None, :]  # [b, k]
+        cache = cache.at[jnp.arange(b)[:, None], pos].set(tokens, mode="drop")
+        prev = jnp.take_along_axis(cache, jnp.maximum(pos - 1, 0), axis=1)
+        prev = jnp.where(pos > 0, prev, self.pad_id)
+        # A slot never written (-1) would index out of range: make it loud with NaN logits.
+        logits = params[jnp.maximum(prev, 0), tokens]
+        return jnp.where((prev >= 0)[..., None], logits, jnp.nan), cache
+
+
+def _one_hot_rows(tokens, vocab, scale=30.0):
+    return jnp.asarray(np.eye(vocab, dtype=np.float32)[tokens] * scale)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Tiny T5 models
+
+
+def _t5_config(vocab=8, d=16):
+    return T5Config(vocab_size=vocab, d_model=d, num_heads=2, head_dim=8, mlp_dim=32, num_encoder_layers=2,
+                    num_decoder_layers=2, name="tiny")
+
+
+def _scaled(model, factor):
+    """The model with its output kernel scaled: logits * factor (peakier distributions)."""
+    params = jax.tree_util.tree_map(lambda x: x, model.params)
+    params["decoder"]["logits_dense"]["kernel"] = params["decoder"]["logits_dense"]["kernel"] * factor
+    return T5Model(model.config, params)
+
+
+def _perturbed(model, scale, seed):
+    """The model with Gaussian noise of relative size ``scale`` on every parameter (a 'close' draft)."""
+    leaves, tree = jax.tree_util.tree_flatten(model.params)
+    keys = jax.random.split(jax.random.PRNGKey(seed), len(leaves))
+    noisy = [x + scale * jnp.std(x) * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)]
+    return T5Model(model.config, jax.tree_util.tree_unflatten(tree, noisy))
+
+
+def _inputs(rng, rows, width, vocab, min_len=1):
+    """Right-padded inputs int32[rows, width] of mixed lengths, each ending with EOS."""
+    out = np.zeros((rows, width), np.int32)
+    for i in range(rows):
+        n = rng.integers(min_len, width + 1)
+        out[i, :n - 1] = rng.integers(2, vocab, n - 1)
+        out[i, n - 1] = EOS
+    return out
+
+
+def _check_well_formed(result: DecodeResult, max_decode_length, eos=EOS, pad=0):
+    seqs, lengths = result.sequences, result.lengths
+    assert seqs.shape[1] == max_decode_length
+    assert np.all((lengths >= 1) & (lengths <= max_decode_length))
+    for row, n in zip(seqs, lengths):
+        eos_at = np.flatnonzero(row[:n] == eos)
+        if n < max_decode_length:
+            assert list(eos_at) == [n - 1], (row, n)  # ended at its first EOS
+        else:
+            assert len(eos_at) == 0 or eos_at[0] == n - 1, (row, n)
+        assert np.all(row[n:] == pad)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Exact loop logic with hand-made logits
+
+
+def test_counters_and_eos_mid_window_with_hand_made_logits():
+    v, P = 10, 32
+    target_tokens = [2, 3, 4, 5, 6, 1] + [7] * (P - 6)
+    draft_tokens = [2, 3, 9, 5, 6, 1] + [7] * (P - 6)  # wrong at index 2
+    target = (PositionTable(v), _one_hot_rows(target_tokens, v))
+    draft = (PositionTable(v), _one_hot_rows(draft_tokens, v))
+    x = np.array([[5, 1]])
+    base = temperature_sample(target, x, rng=0, max_decode_length=10, temperature=0)
+    assert base.sequences[0].tolist() == [2, 3, 4, 5, 6, 1, 0, 0, 0, 0] and base.lengths[0] == 6
+    assert base.num_target_calls[0] == 6 and np.isnan(base.acceptance_rate)
+    # gamma = 3: iteration 1 drafts [2, 3, 9], keeps 2, emits 4; iteration 2 drafts [5, 6, 1], keeps all
+    # three (EOS last) and ends the row there (no bonus).
+    r = speculative_sample(target, draft, x, rng=0, gamma=3, max_decode_length=10, temperature=0)
+    assert r.sequences[0].tolist() == base.sequences[0].tolist()
+    assert (r.lengths[0], r.num_target_calls[0], r.num_draft_tokens[0], r.num_accepted[0]) == (6, 2, 6, 5)
+    # gamma = 5: iteration 2 drafts [5, 6, 1, 7, 7]; the EOS is accepted mid-window and ends the row; the
+    # drafts after the drafted EOS are not counted.
+    r = speculative_sample(target, draft, x, rng=0, gamma=5, max_decode_length=10, temperature=0)
+    assert r.sequences[0].tolist() == base.sequences[0].tolist()
+    assert (r.lengths[0], r.num_target_calls[0], r.num_draft_tokens[0], r.num_accepted[0]) == (6, 2, 8, 5)
+    assert r.tokens_per_target_call == 3.0 and r.acceptance_rate == 5 / 8
+    # Also when sampling (temperature 1, near one-hot): the EOS ends the row mid-window.
+    r = speculative_sample(target, target, np.tile(x, (8, 1)), rng=1, gamma=5, max_decode_length=10)
+    assert np.all(r.sequences == base.sequences) and np.all(r.num_target_calls == 1)
+
+
+def test_draft_equal_to_target_accepts_everything_with_cache_dependent_logits():
+    v = 7
+    params = jnp.asarray(np.random.default_rng(0).normal(size=(v, v, v)).astype(np.float32) * 3)
+    params = params.at[:, :, EOS].add(-100.0)  # never end early: long windows
+    model = (Trigram(v), params)
+    x = np.array([[3, 1], [4, 1], [2, 1]])
+    base = temperature_sample(model, x, rng=0, max_decode_length=13, temperature=0)
+    for gamma in (1, 2, 4, 5):
+        r = speculative_sample(model, model, x, rng=0, gamma=gamma, max_decode_length=13, temperature=0)
+        np.testing.assert_array_equal(r.sequences, base.sequences)
+        assert r.acceptance_rate == 1.0, gamma
+        # Every iteration emits gamma + 1 tokens until the budget is reached.
+        assert np.all(r.num_target_calls == -(-13 // (gamma + 1)))
+    # At temperature 1 p == q exactly, so every draft is accepted too.
+    r = speculative_sample(model, model, np.tile(x, (20, 1)), rng=3, gamma=3, max_decode_length=13)
+    assert r.acceptance_rate == 1.0
+    _check_well_formed(r, 13)
+
+
+def test_greedy_identity_with_cache_dependent_hand_made_models():
+    v = 9
+    rng = np.random.default_rng(1)
+    target = (Trigram(v), jnp.asarray(rng.normal(size=(v, v, v)).astype(np.float32) * 2))
+    draft_params = target[1] + jnp.asarray(rng.normal(size=(v, v, v)).astype(np.float32))
+    draft = (Trigram(v), draft_params)
+    x = _inputs(rng, 12, 5, v)
+    base = temperature_sample(target, x, rng=0, max_decode_length=15, temperature=0)
+    for gamma in (1, 3, 7, 20):
+        r = speculative_sample(target, draft, x, rng=0, gamma=gamma, max_decode_length=15, temperature=0)
+        np.testing.assert_array_equal(r.sequences, base.sequences)
+        np.testing.assert_array_equal(r.lengths, base.lengths)
+        assert 0 < r.acceptance_rate < 1
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 2. Exactness end to end with tiny T5 models (enumeration of every sequence)
+
+
+def _exact_sequence_distribution(model, inputs, sampler, max_len, eos=EOS):
+    """{(input row, output tuple): probability} from teacher-forced target logits (warped by sampler).
+
+    Sequences end at their first EOS (kept) or at max_len tokens."""
+    v = model.config.vocab_size
+    full = np.array(list(itertools.product(range(v), repeat=max_len)), np.int32)  # [v^T, T]
+    dec_in = np.concatenate([np.zeros((len(full), 1), np.int32), full[:, :-1]], axis=1)
+    dist = {}
+    for i, row in enumerate(inputs):
+        logits = model.logits(np.tile(row[None], (len(full), 1)), dec_in)  # [v^T, T, v]
+        q = np.asarray(sampler.probs(logits), np.float64)
+        step = np.take_along_axis(q, full[:, :, None], axis=2)[:, :, 0]  # [v^T, T]
+        for seq, probs in zip(full, step):
+            eos_at = np.flatnonzero(seq == eos)
+            n = eos_at[0] + 1 if len(eos_at) else max_len
+            dist[(i, tuple(seq[:n]))] = float(np.prod(probs[:n]))
+    return dist
+
+
+def _chi_square(observed: dict, dist: dict, rows_per_input: dict):
+    """Chi-square of observed counts against rows_per_input[i] * P(seq | i); rare bins merged."""
+    keys = list(dist)
+    expected = np.array([rows_per_input[k[0]] * dist[k] for k in keys])
+    counts = np.array([observed.get(k, 0) for k in keys], np.float64)
+    unknown = sum(c for k, c in observed.items() if k not in dist)
+    assert unknown == 0
+    impossible = counts[expected == 0].sum()
+    assert impossible == 0, "sampled a sequence the warped target gives probability 0"
+    big = expected >= 5
+    exp = np.append(expected[big], expected[~big].sum())
+    obs = np.append(counts[big], counts[~big].sum())
+    if exp[-1] < 5:  # merged bin still too small: fold it into the smallest regular bin
+        j = np.argmin(exp[:-1])
+        exp[j] += exp[-1]
+        obs[j] += obs[-1]
+        exp, obs = exp[:-1], obs[:-1]
+    obs_total, exp_total = obs.sum(), exp.sum()
+    exp = exp * (obs_total / exp_total)  # remove float64 rounding of the totals
+    return stats.chisquare(obs, exp), len(exp)
+
+
+@pytest.fixture(scope="module")
+def tiny_pair():
+    config = _t5_config(vocab=6)
+    target = _scaled(T5Model.random(config, seed=0), 3.0)
+    draft = _scaled(T5Model.random(config, seed=1), 2.0)
+    return target, draft
+
+
+E2E_CASES = [  # (warping, gamma, distinct inputs in the batch); every warping, gamma and batch is covered
+    (dict(temperature=1.0), 1, 1),
+    (dict(temperature=1.0), 6, 7),
+    (dict(temperature=0.7, top_k=3), 3, 1),
+    (dict(temperature=0.7, top_k=3), 6, 7),
+    (dict(top_p=0.8), 1, 7),
+    (dict(top_p=0.8), 3, 1),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("warp,gamma,batch", E2E_CASES)
+def test_speculative_samples_match_target_sequence_distribution(tiny_pair, warp, gamma, batch):
+    """>= 100k speculative samples vs. the target's exact sequence distribution (chi-square, 0.001)."""
+    target, draft = tiny_pair
+    max_len = 4
+    inputs = _inputs(np.random.default_rng(batch), batch, 5, 6)
+    sampler = Sampler(**warp)
+    dist = _exact_sequence_distribution(target, inputs, sampler, max_len)
+    chunks, per_chunk = 5, 20_006 // batch  # 5 calls of ~20k rows
+    observed, rows_per_input = {}, dict.fromkeys(range(batch), 0)
+    alpha = []
+    for c in range(chunks):
+        tiled = np.tile(inputs, (per_chunk, 1))
+        r = speculative_sample(target, draft, tiled, rng=jax.random.PRNGKey(1000 + c), gamma=gamma,
+                               max_decode_length=max_len, **warp)
+        alpha.append(r.acceptance_rate)
+        for idx, (seq, n) in enumerate(zip(r.sequences, r.lengths)):
+            key = (idx % batch, tuple(seq[:n].tolist()))
+            observed[key] = observed.get(key, 0) + 1
+        for i in range(batch):
+            rows_per_input[i] += per_chunk
+    total = sum(rows_per_input.values())
+    assert total >= 100_000
+    result, bins = _chi_square(observed, dist, rows_per_input)
+    print(f"\n{warp} gamma={gamma} batch={batch}: n={total} bins={bins} chi2={result.statistic:.1f} "
+          f"p={result.pvalue:.3f} alpha={np.mean(alpha):.3f}")
+    assert 0.05 < np.mean(alpha) < 0.95  # the test exercises both acceptance and rejection
+    assert result.pvalue > SIGNIFICANCE
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 3. Greedy identity with tiny T5 models
+
+
+@pytest.mark.parametrize("draft_kind", ["independent", "perturbed"])
+def test_greedy_speculative_equals_greedy_baseline(draft_kind):
+    """200 inputs of mixed lengths, batches of 50, gamma in {1, 2, 4, 8}: token for token, fp32."""
+    config = _t5_config(vocab=32, d=32)
+    target = T5Model.random(config, seed=3)
+    draft = T5Model.random(config, seed=4) if draft_kind == "independent" else _perturbed(target, 0.1, 5)
+    inputs = _inputs(np.random.default_rng(7), 200, 12, 32)
+    max_len = 16
+    alphas = []
+    for start in range(0, 200, 50):
+        batch = inputs[start:start + 50]
+        base = temperature_sample(target, batch, rng=0, max_decode_length=max_len, temperature=0)
+        for gamma in (1, 2, 4, 8):
+            r = speculative_sample(target, draft, batch, rng=0, gamma=gamma, max_decode_length=max_len,
+                                   temperature=0)
+            np.testing.assert_array_equal(r.sequences, base.sequences, err_msg=f"gamma={gamma}")
+            np.testing.assert_array_equal(r.lengths, base.lengths)
+            alphas.append(r.acceptance_rate)
+    if draft_kind == "perturbed":
+        assert 0.3 < np.mean(alphas) < 1.0  # mostly accepted, some rejections
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 4. Edges with tiny T5 models. Most tests share one setting (batch 32, width 6, max_decode_length 10,
+# gamma 3, temperature 1) so they reuse one compiled program.
+
+B, WIDTH, MAX_LEN, GAMMA = 32, 6, 10, 3
+
+
+@pytest.fixture(scope="module")
+def t5_pair():
+    config = _t5_config(vocab=16)
+    return _scaled(T5Model.random(config, seed=10), 2.0), _scaled(T5Model.random(config, seed=11), 2.0)
+
+
+@pytest.fixture(scope="module")
+def t5_inputs():
+    return _inputs(np.random.default_rng(0), B, WIDTH, 16)
+
+
+@pytest.mark.parametrize("gamma,max_len", [(8, 3), (4, 7)])
+def test_max_decode_length_is_never_exceeded(t5_pair, t5_inputs, gamma, max_len):
+    """gamma larger than max_decode_length, and larger than the room left after a full accept."""
+    target, draft = t5_pair
+    for model in (draft, target):  # draft == target: every window fully accepted, gamma + 1 per call
+        r = speculative_sample(target, model, t5_inputs, rng=2, gamma=gamma, max_decode_length=max_len)
+        assert r.sequences.shape == (B, max_len)
+        _check_well_formed(r, max_len)
+
+
+def test_eos_ends_rows_and_finished_rows_stop_changing(t5_pair, t5_inputs):
+    target, draft = t5_pair
+    eos_heavy = _scaled(target, 1.0)
+    eos_heavy.params["decoder"]["logits_dense"]["kernel"] = (
+        eos_heavy.params["decoder"]["logits_dense"]["kernel"].at[:, EOS].add(0.5))
+    r = speculative_sample(eos_heavy, draft, t5_inputs, rng=4, gamma=GAMMA, max_decode_length=MAX_LEN)
+    _check_well_formed(r, MAX_LEN)
+    assert np.any(r.lengths < MAX_LEN) and np.any(r.lengths > 1)
+    assert np.all(r.num_target_calls <= r.lengths)
+
+
+def test_draft_equal_to_target_has_acceptance_rate_one_at_temperature_zero(t5_pair, t5_inputs):
+    target, _ = t5_pair
+    base = temperature_sample(target, t5_inputs, rng=0, max_decode_length=MAX_LEN, temperature=0)
+    for gamma in (GAMMA, 12):
+        r = speculative_sample(target, target, t5_inputs, rng=0, gamma=gamma, max_decode_length=MAX_LEN,
+                               temperature=0)
+        assert r.acceptance_rate == 1.0
+        np.testing.assert_array_equal(r.sequences, base.sequences)
+        np.testing.assert_array_equal(r.num_target_calls, -(-r.lengths // (gamma + 1)))
+
+
+def test_a_row_alone_equals_the_row_in_a_batch(t5_pair, t5_inputs):
+    target, draft = t5_pair
+    key = jax.random.PRNGKey(42)
+    batch = speculative_sample(target, draft, t5_inputs, rng=key, gamma=GAMMA, max_decode_length=MAX_LEN)
+    row_keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(B))
+    assert len({tuple(s) for s in batch.sequences}) > 1
+    for i in (0, 5, 17, 31):
+        alone = speculative_sample(target, draft, t5_inputs[i:i + 1], rng=row_keys[i:i + 1], gamma=GAMMA,
+                                   max_decode_length=MAX_LEN)
+        np.testing.assert_array_equal(alone.sequences[0], batch.sequences[i])
+        assert alone.num_accepted[0] == batch.num_accepted[i]
+    # With a single key, row 0 of a batch is the same as the row decoded alone with that key.
+    alone0 = speculative_sample(target, draft, t5_inputs[:1], rng=key, gamma=GAMMA, max_decode_length=MAX_LEN)
+    np.testing.assert_array_equal(alone0.sequences[0], batch.sequences[0])
+
+
+def test_decode_result_properties():
+    r = DecodeResult(np.zeros((2, 3), np.int32), np.array([3, 1]), np.array([2, 1]), np.array([4, 2]),
+                     np.array([3, 0]))
+    assert r.acceptance_rate == 0.5 and r.tokens_per_target_call == 4 / 3
+
+
+def test_truncate_cuts_long_inputs_and_keeps_eos(t5_pair, t5_inputs):
+    target, draft = t5_pair
+    long = np.concatenate([t5_inputs, np.zeros((B, 3), np.int32)], axis=1)
+    long[0] = [3, 4, 5, 6, 7, 8, 9, 10, 1]  # 9 tokens: cut to 6, ending in EOS
+    short = t5_inputs.copy()
+    short[0] = [3, 4, 5, 6, 7, 1]
+    kwargs = dict(rng=0, gamma=GAMMA, max_decode_length=MAX_LEN)
+    a = speculative_sample(target, draft, long, max_input_length=WIDTH, truncate=True, **kwargs)
+    b = speculative_sample(target, draft, short, **kwargs)
+    np.testing.assert_array_equal(a.sequences, b.sequences)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 5. Bad input: a clear ValueError before anything compiles
+
+
+@pytest.fixture
+def no_compile(monkeypatch):
+    def fail(*args, **kwargs):
+        raise AssertionError("compiled before validating")
+    monkeypatch.setattr(decoding, "_speculative_jit", fail)
+    monkeypatch.setattr(decoding, "_baseline_jit", fail)
+
+
+@pytest.mark.parametrize("change,match", [
+    (dict(gamma=0), "gamma must be an int >= 1"),
+    (dict(temperature=-1.0), "temperature must be"),
+    (dict(top_p=0.0), "top_p must be in"),
+    (dict(top_p=1.5), "top_p must be in"),
+    (dict(top_k=-2), "top_k must be"),
+    (dict(eos_id=16), "eos_id=16 is outside the vocabulary"),
+    (dict(eos_id=-1), "eos_id=-1 is outside"),
+    (dict(max_decode_length=0), "max_decode_length must be"),
+    (dict(inputs=np.zeros((0, 4), np.int32)), "empty batch"),
+    (dict(inputs=np.full((2, 9), 3, np.int32), max_input_length=8), "truncate=True"),
+    (dict(inputs=np.array([[3, 99, 1]])), "outside the vocabulary"),
+    (dict(inputs=np.array([3, 4, 1])), "2-D"),
+    (dict(rng=jnp.zeros((3, 2), jnp.uint32)), "per-row keys"),
+])
+def test_bad_input_raises_before_compiling(t5_pair, no_compile, change, match):
+    target, draft = t5_pair
+    kwargs = dict(rng=0, gamma=3, max_decode_length=8)
+    inputs = change.pop("inputs", np.array([[3, 4, 1], [5, 1, 0]]))
+    kwargs.update(change)
+    with pytest.raises(ValueError, match=match):
+        speculative_sample(target, draft, inputs, **kwargs)
+    if "gamma" not in change:
+        kwargs.pop("gamma")
+        with pytest.raises(ValueError, match=match):
+            temperature_sample(target, inputs, **kwargs)
+
+
+def test_vocabulary_mismatch_raises(t5_pair, no_compile):
+    target, _ = t5_pair
+    other = T5Model(_t5_config(vocab=20), target.params)  # the vocabulary check comes first
+    with pytest.raises(ValueError, match=r"draft vocabulary \(20 tokens\) differs from the target's \(16\)"):
+        speculative_sample(target, other, np.array([[3, 1]]), rng=0, gamma=2, max_decode_length=4)
+
+
+def test_truncate_cuts_long_inputs_and_keeps_eos(t5_pair):
+    target, draft = t5_pair
+    long = np.array([[3, 4, 5, 6, 7, 8, 1], [3, 4, 1, 0, 0, 0, 0]])
+    short = np.array([[3, 4, 5, 1], [3, 4, 1, 0]])
+    a = speculative_sample(target, draft, long, rng=0, gamma=2, max_decode_length=5, max_input_length=4,
+                           truncate=True)
+    b = speculative_sample(target, draft, short, rng=0, gamma=2, max_decode_length=5)
+    np.testing.assert_array_equal(a.sequences, b.sequences)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The compiled program: one top-level while loop, no host callbacks
+
+
+def _entry_computation(hlo_text):
+    start = hlo_text.index("\nENTRY ")
+    end = hlo_text.index("\n}\n", start)
+    return hlo_text[start:end]
+
+
+def _callback_targets(hlo_text):
+    return [t for t in re.findall(r'custom_call_target="([^"]*)"', hlo_text) if "callback" in t.lower()]
+
+
+def test_speculative_sample_is_one_xla_while_loop_without_callbacks(t5_pair, t5_inputs):
+    target, draft = t5_pair
+    lowered = lower_speculative_sample(target, draft, t5_inputs, rng=0, gamma=GAMMA, max_decode_length=MAX_LEN,
+                                       top_k=5, top_p=0.9)
+    compiled = lowered.compile().as_text()
+    entry = _entry_computation(compiled)
+    assert len(re.findall(r" while\(", entry)) == 1, entry
+    assert not re.search(r" custom-call\(", entry)
+    assert not _callback_targets(compiled)
+    stablehlo = lowered.as_text()
+    assert not re.search(r"stablehlo\.(infeed|outfeed|send|recv)\b", stablehlo)
+    assert not re.search(r"stablehlo\.custom_call @\w*callback", stablehlo)
+    # The gamma - 1 draft steps are a loop nested in the body: more whiles in the module than at the top.
+    assert len(re.findall(r" while\(", compiled)) > 1
+
+
+def test_temperature_sample_is_one_xla_while_loop(t5_pair, t5_inputs):
+    target, _ = t5_pair
+    lowered = lower_temperature_sample(target, t5_inputs, rng=0, max_decode_length=MAX_LEN)
+    compiled = lowered.compile().as_text()
+    assert len(re.findall(r" while\(", _entry_computation(compiled))) == 1
+    assert not _callback_targets(compiled)
