@@ -66,8 +66,8 @@ class TrainConfig:
     objective: str = "reference"
     num_steps: int = 3000
     tokens_per_batch: int = 4096
-    learning_rate: float = 2e-3
-    warmup_steps: int = 300
+    learning_rate: float = 7e-4
+    warmup_steps: int = 400
     weight_decay: float = 0.01
     seed: int = 0
     save_every: int = 250

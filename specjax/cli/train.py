@@ -30,10 +30,11 @@ def add_parser(sub) -> None:
     p.add_argument("--train-on", default=None, choices=["references", "teacher"],
                    help="training targets: the reference translations, or the teacher's greedy outputs "
                         "(default: teacher for --objective distill, references otherwise)")
+    p.add_argument("--max-examples", type=int, default=0, help="use only the first N pairs (0: all)")
     p.add_argument("--steps", type=int, default=3000)
     p.add_argument("--tokens-per-batch", type=int, default=2048)
-    p.add_argument("--learning-rate", type=float, default=2e-3)
-    p.add_argument("--warmup-steps", type=int, default=300)
+    p.add_argument("--learning-rate", type=float, default=7e-4)
+    p.add_argument("--warmup-steps", type=int, default=400)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--export", help="write the trained model here as a Hugging Face safetensors directory")
     p.add_argument("--export-dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
@@ -77,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
     config = dataclasses.replace(config, vocab_size=tokenizer.vocab_size)
 
     sources, references = tr.read_parallel(args.source, args.target_text)
+    if args.max_examples:
+        sources, references = sources[:args.max_examples], references[:args.max_examples]
     src, tgt = tr.tokenize_pairs(tokenizer, sources, references)
     train_on = args.train_on or ("teacher" if args.objective == "distill" else "references")
     teacher = None
