@@ -15,6 +15,7 @@ speedup is bounded by the number of free cores, not by the device count.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -31,6 +32,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--mesh", default=None, help="mesh for model parallel, e.g. data:2,model:4")
     parser.add_argument("--d-model", type=int, default=128)
+    parser.add_argument("--data-parallel-devices", default="2",
+                        help="also run data parallel on these device counts (comma-separated); all always")
     args = parser.parse_args(argv)
 
     import jax
@@ -54,23 +57,31 @@ def main(argv=None) -> dict:
     tokens[:, -1] = 1
     kwargs = dict(max_decode_length=args.max_decode_length, temperature=1.0, eos_id=1)
     mesh = parallel.make_mesh(args.mesh or f"data:{max(n // 4, 1)},model:{min(n, 4)}")
-    modes = {
-        "one_device": lambda key: temperature_sample(model, tokens, rng=key, **kwargs),
-        f"data_parallel_{n}": lambda key: parallel.data_parallel_sample(temperature_sample, model, tokens,
-                                                                        rng=key, **kwargs),
-        "mesh_" + ",".join(f"{k}:{v}" for k, v in mesh.shape.items()):
-            lambda key: parallel.model_parallel_sample(temperature_sample, model, tokens, rng=key, mesh=mesh,
-                                                       **kwargs),
-    }
+    # Parameters are placed once, as a user would (replicate_params / shard_params), not on every call.
+    modes = {"one_device": lambda key: temperature_sample(model, tokens, rng=key, **kwargs)}
+    for d in sorted({int(x) for x in args.data_parallel_devices.split(",")} | {n}):
+        if d > n:
+            continue
+        devices = jax.devices()[:d]
+        replicated = parallel.replicate_params(
+            model, jax.sharding.Mesh(np.asarray(devices), ("data",)))
+        modes[f"data_parallel_{d}"] = functools.partial(
+            lambda key, devices, replicated: parallel.data_parallel_sample(
+                temperature_sample, replicated, tokens, rng=key, devices=devices, **kwargs),
+            devices=devices, replicated=replicated)
+    sharded = parallel.shard_params(model, mesh)
+    modes["mesh_" + ",".join(f"{k}:{v}" for k, v in mesh.shape.items())] = (
+        lambda key: parallel.model_parallel_sample(temperature_sample, sharded, tokens, rng=key, mesh=mesh,
+                                                   **kwargs))
     results = {"devices": n, "platform": jax.devices()[0].platform, "batch": args.batch,
                "max_decode_length": args.max_decode_length, "d_model": args.d_model, "modes": {}}
     for name, run in modes.items():
-        run(jax.random.PRNGKey(0))  # warm-up: compiles
+        run(key=jax.random.PRNGKey(0))  # warm-up: compiles
         compiles.clear()
         times, tokens_out = [], 0
         for r in range(args.repeats):
             t0 = time.perf_counter()
-            result = run(jax.random.PRNGKey(r + 1))
+            result = run(key=jax.random.PRNGKey(r + 1))
             times.append(time.perf_counter() - t0)
             tokens_out = int(result.lengths.sum())
         sec = statistics.median(times)
