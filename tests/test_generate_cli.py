@@ -1,0 +1,88 @@
+"""Tests of ``specjax generate``: order, batching, resuming, statistics and errors, with tiny random T5
+checkpoints and T5's SentencePiece vocabulary."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from specjax import T5Config, T5Model, Tokenizer, save_checkpoint, temperature_sample
+from specjax.cli import main
+
+SPIECE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "tokenizer" / "t5" / "spiece.model"
+pytestmark = pytest.mark.skipif(not SPIECE.exists(), reason=f"T5 spiece.model not found at {SPIECE}")
+
+LINES = ["A man is riding a bike.", "", "Two dogs play in the snow near a red house.", "Hello",
+         "The quick brown fox jumps over the lazy dog again and again.", "Yes."]
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ckpt")
+    config = T5Config(vocab_size=32128, d_model=16, num_heads=2, head_dim=8, mlp_dim=32, num_encoder_layers=1,
+                      num_decoder_layers=1, name="tiny")
+    target, draft = T5Model.random(config, seed=0), T5Model.random(config, seed=1)
+    return save_checkpoint(target, root / "target"), save_checkpoint(draft, root / "draft"), target
+
+
+def _run(tmp_path, checkpoints, *extra, lines=LINES, output="out.txt"):
+    target, draft, _ = checkpoints
+    src = tmp_path / "in.txt"
+    src.write_text("".join(l + "\n" for l in lines), encoding="utf-8")
+    out = tmp_path / output
+    rc = main(["generate", "--target", str(target), "--draft", str(draft), "--input", str(src), "--output",
+               str(out), "--tokenizer", str(SPIECE), "--max-decode-length", "6", "--gamma", "3", *extra])
+    return rc, out
+
+
+def test_generate_writes_greedy_target_outputs_in_order(tmp_path, checkpoints, capsys):
+    rc, out = _run(tmp_path, checkpoints, "--batch-size", "4", "--compare-baseline")
+    assert rc == 0
+    got = out.read_text(encoding="utf-8").split("\n")
+    assert len(got) == len(LINES) + 1 and got[-1] == ""
+    # Greedy speculative output equals target-greedy decoding of each line.
+    tok = Tokenizer(SPIECE)
+    x = tok.encode_batch(LINES)
+    base = temperature_sample(checkpoints[2], x, rng=0, max_decode_length=6, temperature=0)
+    expected = [tok.decode([t for t in s[:n] if t < tok.vocab_size]) for s, n in zip(base.sequences, base.lengths)]
+    assert got[:-1] == expected
+    report = capsys.readouterr().out
+    assert "acceptance rate" in report and "tokens per target call" in report and "tokens/s" in report
+    assert "speedup" in report
+
+
+def test_outputs_do_not_depend_on_batch_size_and_runs_resume(tmp_path, checkpoints):
+    sample = ("--temperature", "1.0", "--seed", "3")
+    rc, full = _run(tmp_path, checkpoints, "--batch-size", "4", *sample, output="full.txt")
+    assert rc == 0
+    # Another batch size gives the same lines (keys are per input line).
+    rc, other = _run(tmp_path, checkpoints, "--batch-size", "3", *sample, output="other.txt")
+    assert other.read_text(encoding="utf-8") == full.read_text(encoding="utf-8")
+    # A run stopped after two lines (and half a third) resumes after the finished lines.
+    lines = full.read_text(encoding="utf-8").split("\n")
+    partial = tmp_path / "partial.txt"
+    partial.write_text(lines[0] + "\n" + lines[1] + "\n" + "half a li", encoding="utf-8")
+    rc, resumed = _run(tmp_path, checkpoints, "--batch-size", "4", *sample, output="partial.txt")
+    assert rc == 0 and resumed.read_text(encoding="utf-8") == full.read_text(encoding="utf-8")
+    # Nothing left to do.
+    rc, _ = _run(tmp_path, checkpoints, "--batch-size", "4", *sample, output="partial.txt")
+    assert rc == 0 and resumed.read_text(encoding="utf-8") == full.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("args,message", [
+    (("--gamma", "0"), "--gamma must be >= 1"),
+    (("--top-p", "0"), "top_p must be in"),
+    (("--max-input-length", "4"), "pass --truncate"),
+])
+def test_bad_arguments_are_clear_errors(tmp_path, checkpoints, capsys, args, message):
+    rc, out = _run(tmp_path, checkpoints, *args)
+    assert rc == 2
+    assert message in capsys.readouterr().err
+
+
+def test_target_without_draft_is_an_error(tmp_path, checkpoints, capsys):
+    src = tmp_path / "in.txt"
+    src.write_text("hi\n")
+    rc = main(["generate", "--target", str(checkpoints[0]), "--input", str(src), "--output",
+               str(tmp_path / "o.txt")])
+    assert rc == 2 and "--draft" in capsys.readouterr().err
