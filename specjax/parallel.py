@@ -41,7 +41,7 @@ from specjax.models import t5
 __all__ = [
     "STANDARD_RULES", "Rules", "make_mesh", "parse_mesh", "logical_to_mesh_spec", "param_shardings",
     "shard_params", "replicate_params", "data_parallel_sample", "model_parallel_sample",
-    "maybe_initialize_distributed", "decode_fn_from_flags", "num_compiled_programs",
+    "maybe_initialize_distributed", "decode_fn_from_flags", "ParallelRunner", "num_compiled_programs",
 ]
 
 Rules = tuple[tuple[str, "str | None"], ...]
@@ -490,13 +490,61 @@ def maybe_initialize_distributed() -> bool:
     return detected
 
 
+@dataclasses.dataclass(frozen=True)
+class ParallelRunner:
+    """How to run a decode, as chosen by the CLI flags (``decode_fn_from_flags``).
+
+    Call it as ``runner(fn, *args, **kwargs)`` with ``fn`` = ``temperature_sample`` or ``speculative_sample``
+    and ``fn``'s arguments: ``fn(*args, **kwargs)`` on one device, ``data_parallel_sample`` or
+    ``model_parallel_sample`` on ``mesh``. Returns ``fn``'s ``DecodeResult``.
+
+    Attributes:
+      mode: "single", "data" (``--data-parallel``) or "mesh" (``--mesh``).
+      mesh: the ``("data", "model")`` mesh in "mesh" mode, else None.
+      rules: the logical-to-mesh rules ("mesh" mode).
+    """
+    mode: str = "single"
+    mesh: Mesh | None = None
+    rules: Rules = STANDARD_RULES
+
+    def __call__(self, fn: Callable, *args, **kwargs) -> decoding.DecodeResult:
+        if self.mode == "data":
+            return data_parallel_sample(fn, *args, **kwargs)
+        if self.mode == "mesh":
+            return model_parallel_sample(fn, *args, mesh=self.mesh, rules=self.rules, **kwargs)
+        return fn(*args, **kwargs)
+
+    def loading(self):
+        """A context for loading checkpoints: in "mesh" mode arrays are created in host memory (the CPU
+        backend) rather than on the first accelerator, which a target larger than one device would overflow;
+        ``place`` then sends each device its slices. Elsewhere (or without a CPU backend) a no-op."""
+        import contextlib
+        if self.mode != "mesh":
+            return contextlib.nullcontext()
+        try:
+            return jax.default_device(jax.devices("cpu")[0])
+        except RuntimeError:
+            return contextlib.nullcontext()
+
+    def place(self, target: t5.T5Model, draft: t5.T5Model | None = None):
+        """Puts the models where the mode wants them once, so calls do not copy them: "mesh": target split
+        by ``rules`` (``shard_params``), draft replicated; "data": both replicated on every device; "single":
+        unchanged. Returns ``(target, draft)``."""
+        if self.mode == "single":
+            return target, draft
+        mesh = self.mesh if self.mode == "mesh" else Mesh(np.asarray(jax.devices()), (DATA,))
+        target = shard_params(target, mesh, self.rules) if self.mode == "mesh" else replicate_params(target, mesh)
+        return target, (None if draft is None else replicate_params(draft, mesh))
+
+
 def decode_fn_from_flags(data_parallel: bool = False, mesh: str | None = None,
-                         rules: Rules = STANDARD_RULES) -> Callable[..., decoding.DecodeResult]:
+                         rules: Rules = STANDARD_RULES) -> ParallelRunner:
     """The decode runner the CLI flags ``--data-parallel`` and ``--mesh data:N,model:M`` ask for.
 
-    Returns a callable ``run(fn, *args, **kwargs) -> DecodeResult`` where ``fn`` is ``temperature_sample``
-    or ``speculative_sample``: plain ``fn(*args, **kwargs)`` with neither flag, ``data_parallel_sample``
-    with ``data_parallel``, ``model_parallel_sample`` on ``make_mesh(mesh)`` with ``mesh``.
+    Call it (and ``maybe_initialize_distributed()`` before it) before anything touches a device. Returns a
+    ``ParallelRunner``: ``runner(fn, *args, **kwargs)`` runs ``fn`` (``temperature_sample`` or
+    ``speculative_sample``) plainly with neither flag, with ``data_parallel_sample`` with ``data_parallel``,
+    with ``model_parallel_sample`` on ``make_mesh(mesh)`` with ``mesh``.
 
     Raises:
       ValueError: both flags given, or a malformed mesh / one whose sizes do not multiply to the device
@@ -507,8 +555,7 @@ def decode_fn_from_flags(data_parallel: bool = False, mesh: str | None = None,
                          "all devices with replicated weights; --mesh data:N,model:M also splits the weights "
                          "(use --mesh data:<devices>,model:1 for pure data parallelism on a mesh).")
     if data_parallel:
-        return data_parallel_sample
+        return ParallelRunner("data")
     if mesh:
-        the_mesh = make_mesh(mesh)
-        return functools.partial(model_parallel_sample, mesh=the_mesh, rules=rules)
-    return lambda fn, *args, **kwargs: fn(*args, **kwargs)
+        return ParallelRunner("mesh", make_mesh(mesh), tuple(rules))
+    return ParallelRunner()

@@ -16,7 +16,9 @@ import jax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from specjax import T5Config, parallel
+import numpy as np
+
+from specjax import T5Config, T5Model, parallel, temperature_sample
 from specjax.models import t5
 
 HERE = Path(__file__).parent
@@ -140,15 +142,29 @@ def test_mesh_needing_other_device_count_is_a_clear_error():
 
 
 def test_decode_fn_from_flags():
-    run = parallel.decode_fn_from_flags(False, None)
-    assert callable(run)
-    assert parallel.decode_fn_from_flags(True, None) is parallel.data_parallel_sample
+    assert parallel.decode_fn_from_flags(False, None).mode == "single"
+    assert parallel.decode_fn_from_flags(True, None).mode == "data"
     with pytest.raises(ValueError, match="alternatives"):
         parallel.decode_fn_from_flags(True, "data:1,model:1")
     with pytest.raises(ValueError, match="devices but"):
         parallel.decode_fn_from_flags(False, "data:4,model:4")
-    mp = parallel.decode_fn_from_flags(False, f"data:1,model:{jax.device_count()}")
-    assert mp.func is parallel.model_parallel_sample
+    runner = parallel.decode_fn_from_flags(False, f"data:1,model:{jax.device_count()}")
+    assert runner.mode == "mesh" and dict(runner.mesh.shape) == {"data": 1, "model": jax.device_count()}
+
+
+def test_runner_modes_decode_like_the_plain_call():
+    # One device here: the three modes run the same program logic and must agree exactly.
+    model = T5Model.random(TINY, 0)
+    tokens = np.array([[5, 6, 7, 1], [9, 1, 0, 0], [3, 4, 1, 0]], np.int32)
+    kwargs = dict(rng=jax.random.PRNGKey(0), max_decode_length=4, temperature=1.0)
+    ref = temperature_sample(model, tokens, **kwargs)
+    for data_parallel, mesh in ((False, None), (True, None), (False, "data:1,model:1")):
+        runner = parallel.decode_fn_from_flags(data_parallel, mesh)
+        with runner.loading():
+            placed, _ = runner.place(model)
+        out = runner(temperature_sample, placed, tokens, **kwargs)
+        np.testing.assert_array_equal(out.sequences, ref.sequences)
+        np.testing.assert_array_equal(out.lengths, ref.lengths)
 
 
 def test_rules_map_logical_axes_and_refuse_collisions():
