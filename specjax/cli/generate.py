@@ -52,6 +52,11 @@ def add_parser(sub) -> None:
                    help="cast both models to this dtype (default: as stored)")
     p.add_argument("--compare-baseline", action="store_true",
                    help="also run temperature_sample (target alone) on the same batches and print the speedup")
+    p.add_argument("--data-parallel", action="store_true",
+                   help="split each batch over all devices, one decode loop per device (weights replicated)")
+    p.add_argument("--mesh", metavar="data:N,model:M",
+                   help="one program over a device mesh: batch over 'data', the target's weights split over "
+                        "'model' (for targets larger than one device, e.g. T5-XXL); N*M = device count")
     p.set_defaults(func=run)
 
 
@@ -123,6 +128,10 @@ def run(args: argparse.Namespace) -> int:
     """Decodes every not-yet-written input line; returns 0. Raises ValueError/FileNotFoundError on bad input."""
     _validate(args)
     import jax
+    from specjax import parallel
+
+    parallel.maybe_initialize_distributed()  # before any device is touched; no-op on one process
+    runner = parallel.decode_fn_from_flags(args.data_parallel, args.mesh)
     import numpy as np
     from tqdm import tqdm
 
@@ -139,7 +148,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"{args.output}: all {len(lines)} lines already written; nothing to do.", file=report)
         return 0
 
-    target, draft, tokenizer = _load(args)
+    with runner.loading():  # --mesh: read weights into host memory, not onto one device
+        target, draft, tokenizer = _load(args)
+    target, draft = runner.place(target, draft)
     eos = tokenizer.eos_id
     encoded = []
     for i in range(done, len(lines)):
@@ -167,10 +178,10 @@ def run(args: argparse.Namespace) -> int:
         return result, time.perf_counter() - start
 
     def spec(x, keys, **kw):
-        return speculative_sample(target, draft, x, rng=keys, gamma=args.gamma, **common)
+        return runner(speculative_sample, target, draft, x, rng=keys, gamma=args.gamma, **common)
 
     def base(x, keys, **kw):
-        return temperature_sample(target, x, rng=keys, **common)
+        return runner(temperature_sample, target, x, rng=keys, **common)
 
     out = sys.stdout if args.output == "-" else open(args.output, "a", encoding="utf-8")
     bar = tqdm(total=len(lines), initial=done, unit="line", file=sys.stderr, desc="generate")
