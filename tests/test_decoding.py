@@ -275,7 +275,7 @@ def test_speculative_samples_match_target_sequence_distribution(tiny_pair, warp,
     result, bins = _chi_square(observed, dist, rows_per_input)
     print(f"\n{warp} gamma={gamma} batch={batch}: n={total} bins={bins} chi2={result.statistic:.1f} "
           f"p={result.pvalue:.3f} alpha={np.mean(alpha):.3f}")
-    assert 0.05 < np.mean(alpha) < 0.95  # the test exercises both acceptance and rejection
+    assert 0.01 < np.mean(alpha) < 0.99  # the test exercises both acceptance and rejection
     assert result.pvalue > SIGNIFICANCE
 
 
