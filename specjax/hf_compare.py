@@ -56,6 +56,11 @@ def to_transformers(model: T5Model, path: str | os.PathLike):
         model = model.astype("float32")
     save_checkpoint(model, path, format="hf")
     hf = transformers.T5ForConditionalGeneration.from_pretrained(os.fspath(path), dtype=torch.float32)
+    # transformers 5.x sizes generate()'s DynamicCache from config.num_layers (the *encoder* depth) and fails
+    # with an IndexError when the decoder is deeper. The built modules do not read num_layers again, so
+    # raising it to the decoder depth only fixes the cache size.
+    if hf.config.num_decoder_layers > hf.config.num_layers:
+        hf.config.num_layers = hf.config.num_decoder_layers
     return hf.eval()
 
 
@@ -201,7 +206,7 @@ def compare_with_transformers(target: T5Model, draft: T5Model, rows: Sequence[Se
 
         spec(0), base(0), hfa(0), hfp(0)  # warm-up / compile, untimed
         secs = {"specjax_spec_s": 0.0, "specjax_base_s": 0.0, "hf_assisted_s": 0.0, "hf_plain_s": 0.0}
-        toks = {k.replace("_s", "_tokens"): 0 for k in secs}
+        toks = {k[:-2] + "_tokens": 0 for k in secs}
         drafted = accepted = 0
         matches_a = matches_p = 0
         mismatches = []
@@ -222,7 +227,7 @@ def compare_with_transformers(target: T5Model, draft: T5Model, rows: Sequence[Se
                         drafted += int(r.num_draft_tokens.sum())
                         accepted += int(r.num_accepted.sum())
                 outs[name] = np.asarray(seq, np.int32)
-                toks[name.replace("_s", "_tokens")] += len(seq)
+                toks[name[:-2] + "_tokens"] += len(seq)
             if mode == "greedy":
                 ours = outs["specjax_spec_s"]
                 ok_a = np.array_equal(ours, outs["hf_assisted_s"])

@@ -1,0 +1,157 @@
+"""Smoke tests of the benchmark harness (nothing here is timed or compared against a time).
+
+- The paper's formulas against hand-computed values.
+- ``specjax bench`` end to end on a tiny random pair saved to temporary checkpoints, T5's real
+  SentencePiece vocabulary (32128-row embeddings), 3 input lines, γ ∈ {1, 2}, temperatures 0 and 1: the
+  Markdown / CSV tables hold the expected rows and columns with finite values, the PNGs are valid.
+- The experiment files in ``configs/`` parse (twelve paper rows with the paper's numbers).
+- transformers assisted generation against specjax speculative_sample on a tiny random pair with the same
+  weights: greedy tokens equal, token for token.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from specjax import T5Config, T5Model, bench, save_checkpoint
+from specjax.cli import main
+
+REPO = Path(__file__).parents[1]
+
+
+def test_expected_improvement_hand_computed():
+    # (1 − 0.8^4) / ((1 − 0.8)(3·0.1 + 1)) = 0.5904 / 0.26
+    assert bench.expected_improvement(0.8, 3, 0.1) == pytest.approx(0.5904 / 0.26, rel=1e-12)
+    assert bench.expected_improvement(0.8, 3, 0.1) == pytest.approx(2.2708, abs=1e-4)
+    assert bench.expected_tokens_per_call(0.5, 1) == pytest.approx(1.5)
+    assert bench.expected_tokens_per_call(0.0, 5) == pytest.approx(1.0)
+    assert bench.expected_tokens_per_call(1.0, 4) == 5.0  # the α → 1 limit, γ + 1
+    # c = 0: the walltime improvement is the tokens per call.
+    assert bench.expected_improvement(0.75, 7, 0.0) == pytest.approx((1 - 0.75 ** 8) / 0.25)
+
+
+def _tiny_pair(vocab: int, noise: float = 0.05):
+    cfg = T5Config(vocab_size=vocab, d_model=32, num_heads=2, head_dim=16, mlp_dim=64, num_encoder_layers=1,
+                   num_decoder_layers=2, relative_attention_num_buckets=8, relative_attention_max_distance=16,
+                   name="tiny")
+    target = T5Model.random(cfg, seed=0)
+    rng = np.random.default_rng(1)
+    # The draft: the target's weights plus noise, so α is strictly between 0 and 1.
+    draft_params = jax.tree_util.tree_map(
+        lambda x: np.asarray(x) + noise * float(np.std(np.asarray(x))) * rng.standard_normal(x.shape).astype(np.float32),
+        target.params)
+    return target, T5Model(cfg, draft_params)
+
+
+@pytest.fixture(scope="module")
+def bench_run(tmp_path_factory, spiece_model):
+    tmp = tmp_path_factory.mktemp("bench")
+    target, draft = _tiny_pair(32128)
+    save_checkpoint(target, tmp / "target")
+    save_checkpoint(draft, tmp / "draft")
+    (tmp / "in.en").write_text("A man rides a bike.\nTwo dogs play in the snow.\nA child eats an apple.\n")
+    (tmp / "in.de").write_text("Ein Mann fährt Fahrrad.\nZwei Hunde spielen im Schnee.\nEin Kind isst einen Apfel.\n")
+    out = tmp / "out"
+    argv = ["bench", "--target", str(tmp / "target"), "--draft", str(tmp / "draft"), "--tokenizer",
+            str(spiece_model), "--input", str(tmp / "in.en"), "--references", str(tmp / "in.de"), "--gammas", "1", "2",
+            "--temperatures", "0", "1", "--max-decode-length", "6", "--cost-steps", "4", "--out", str(out)]
+    assert main(argv) == 0
+    # --profile on the same shapes (compiled programs are reused in-process).
+    prof = tmp / "prof"
+    assert main(argv[:-4] + ["--temperatures", "0", "--gammas", "1", "--no-plots", "--no-quality", "--profile",
+                             "--cost-steps", "4", "--out", str(prof)]) == 0
+    return out, prof
+
+
+def test_bench_markdown_table(bench_run):
+    out, _ = bench_run
+    lines = [l for l in (out / "table.md").read_text().splitlines() if l.startswith("|")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    assert header[:6] == ["task", "draft", "temp", "γ", "α", "speedup"]  # the paper's Table 2 layout
+    for col in ("expected (theory)", "measured/expected", "c", "tokens/call", "paper α", "quality (spec)"):
+        assert col in header
+    body = [[c.strip() for c in l.strip("|").split("|")] for l in lines[2:]]
+    assert len(body) == 4  # 2 temperatures x 2 γ
+    assert sorted((r[2], r[3]) for r in body) == [("0", "1"), ("0", "2"), ("1", "1"), ("1", "2")]
+    for r in body:
+        assert 0.0 <= float(r[4]) <= 1.0
+        assert math.isfinite(float(r[5].rstrip("x"))) and float(r[5].rstrip("x")) > 0
+        assert r[-2].startswith("bleu=")
+    assert "jax " in (out / "table.md").read_text()
+
+
+def test_bench_csv_and_json(bench_run):
+    out, _ = bench_run
+    with open(out / "table.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 4
+    assert set(bench.CSV_COLUMNS) <= set(rows[0])
+    for r in rows:
+        for key in ("alpha", "speedup", "c", "expected_improvement", "speedup_over_expected", "tokens_per_call",
+                    "expected_tokens_per_call", "spec_tokens_per_s", "base_tokens_per_s", "spec_compile_seconds",
+                    "draft_step_ms", "target_window_ms"):
+            assert math.isfinite(float(r[key])), key
+        assert 1.0 <= float(r["tokens_per_call"]) <= int(r["gamma"]) + 1
+        assert r["backend"] == jax.default_backend() and int(r["device_count"]) >= 1 and r["jax"] == jax.__version__
+        if float(r["temperature"]) == 0:
+            assert r["greedy_identical"] == "True"  # speculative == target-greedy, token for token
+    results = json.loads((out / "results.json").read_text())
+    assert len(results["records"][0]["alpha_rows"]) == 3  # α per input
+    assert "speedup_t0_b1" in results["goals"]
+
+
+def test_bench_pngs(bench_run):
+    out, _ = bench_run
+    for name in ("alpha_vs_gamma.png", "speedup_vs_gamma.png"):
+        data = (out / name).read_bytes()
+        assert len(data) > 1000 and data[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_profile(bench_run):
+    _, prof = bench_run
+    text = (prof / "profile.txt").read_text()
+    for piece in ("draft step", "target window", "accept + resample", "target encode", "iteration (measured)"):
+        assert piece in text
+
+
+def test_experiment_files_parse():
+    meta, rows = bench.load_experiment(str(REPO / "configs" / "paper_table2.json"))
+    assert len(rows) == 12
+    assert {r.draft for r in rows} == {"T5-small", "T5-base", "T5-large"} and {r.target for r in rows} == {"T5-XXL"}
+    assert {(r.task, r.temperature) for r in rows} == {(t, T) for t in ("EnDe", "CNNDM") for T in (0.0, 1.0)}
+    assert all(r.paper_alpha is not None and r.paper_speedup is not None for r in rows)
+    ende_small_t0 = [r for r in rows if (r.task, r.draft, r.temperature) == ("EnDe", "T5-small", 0.0)][0]
+    assert (ende_small_t0.gammas, ende_small_t0.paper_alpha, ende_small_t0.paper_speedup) == ((7,), 0.75, 3.4)
+    assert all(r.target_path.startswith("gs://t5-data/pretrained_models/t5x/t5_1_1_") for r in rows)
+    _, rows = bench.load_experiment(str(REPO / "configs" / "default_pair_cpu.json"))
+    assert {r.task for r in rows} == {"multi30k", "newstest2014", "cnndm"}
+
+
+def test_experiment_file_errors(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"models": {"a": "x"}, "tasks": {"t": {"input": "i"}},
+                               "rows": [{"task": "t", "target": "a", "draft": "nope", "temperature": 0, "gamma": 1}]}))
+    with pytest.raises(ValueError, match="draft 'nope'"):
+        bench.load_experiment(str(bad))
+
+
+def test_transformers_assisted_greedy_equals_specjax():
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from specjax import hf_compare
+
+    target, draft = _tiny_pair(96, noise=0.1)
+    rows = [[5, 9, 23, 17, 1], [12, 80, 33, 2, 90, 4, 5, 1]]
+    r = hf_compare.compare_with_transformers(target, draft, rows, gamma=2, max_decode_length=8, temperatures=(0.0,))
+    g = r["greedy"]
+    assert g["matches_assisted"] == len(rows), g["mismatches"]
+    assert g["matches_plain"] == len(rows), g["mismatches"]
+    assert g["specjax_spec_tokens"] == g["hf_assisted_tokens"] > 0
+    assert math.isfinite(g["hf_assisted_over_specjax_spec"]) and 0.0 <= g["specjax_alpha"] <= 1.0
