@@ -240,7 +240,8 @@ def _save_state(path: Path, params, opt_state, step: int):
 
 
 def train(config: T5Config, tc: TrainConfig, src: Sequence[np.ndarray], tgt: Sequence[np.ndarray],
-          run_dir: str | os.PathLike, *, teacher: T5Model | None = None, progress: bool = True) -> T5Model:
+          run_dir: str | os.PathLike, *, teacher: T5Model | None = None, init: T5Model | None = None,
+          progress: bool = True) -> T5Model:
     """Trains (or resumes training of) a T5 on tokenized pairs.
 
     Args:
@@ -250,6 +251,8 @@ def train(config: T5Config, tc: TrainConfig, src: Sequence[np.ndarray], tgt: Seq
       run_dir: directory for ``state.msgpack`` (resume point), ``log.jsonl`` (one line per ``log_every``
         steps: step, loss, ce, kl, tokens/s, seconds) and ``config.json``.
       teacher: the target model for ``objective="distill"`` (same vocabulary).
+      init: start from these weights instead of a random initialisation (DistillSpec distils a draft that
+        was first trained on its own; its config must equal ``config``). Ignored when resuming.
     Returns:
       The trained ``T5Model``.
     Raises:
@@ -272,7 +275,12 @@ def train(config: T5Config, tc: TrainConfig, src: Sequence[np.ndarray], tgt: Seq
     meta_path.write_text(json.dumps(meta, indent=1))
 
     opt = _optimizer(tc)
-    params = t5.init_params(config, tc.seed)
+    if init is not None:
+        if init.config.replace(name=config.name, dtype=config.dtype, param_dtype=config.param_dtype) != config:
+            raise ValueError(f"init model config {init.config} differs from the config being trained {config}.")
+        params = jax.tree_util.tree_map(lambda x: jnp.asarray(x, config.weight_dtype), init.params)
+    else:
+        params = t5.init_params(config, tc.seed)
     opt_state = opt.init(params)
     step = 0
     state_path = run / "state.msgpack"
@@ -283,6 +291,10 @@ def train(config: T5Config, tc: TrainConfig, src: Sequence[np.ndarray], tgt: Seq
     teacher_params = teacher.params if teacher is not None else None
     train_step = _make_step(config, opt, tc.objective, tc.distill_alpha,
                             teacher.config if teacher is not None else None)
+
+    if not batches(src, tgt, tc.tokens_per_batch, tc.seed, 0):
+        raise ValueError(f"{len(src)} pairs do not fill one batch of {tc.tokens_per_batch} tokens in any length "
+                         "bucket; lower --tokens-per-batch or give more data.")
 
     def stream() -> Iterator:
         epoch, seen = 0, 0

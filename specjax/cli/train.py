@@ -30,6 +30,8 @@ def add_parser(sub) -> None:
     p.add_argument("--train-on", default=None, choices=["references", "teacher"],
                    help="training targets: the reference translations, or the teacher's greedy outputs "
                         "(default: teacher for --objective distill, references otherwise)")
+    p.add_argument("--init-from", help="checkpoint to start from instead of a random initialisation "
+                                       "(e.g. the reference-trained draft, for DistillSpec)")
     p.add_argument("--max-examples", type=int, default=0, help="use only the first N pairs (0: all)")
     p.add_argument("--steps", type=int, default=3000)
     p.add_argument("--tokens-per-batch", type=int, default=2048)
@@ -104,7 +106,12 @@ def run(args: argparse.Namespace) -> int:
             np.savez(cache, flat=np.concatenate(tgt), ends=ends)
     tc = tr.TrainConfig(objective=args.objective, num_steps=args.steps, tokens_per_batch=args.tokens_per_batch,
                         learning_rate=args.learning_rate, warmup_steps=args.warmup_steps, seed=args.seed)
-    model = tr.train(config, tc, src, tgt, run_dir, teacher=teacher)
+    init = None
+    if args.init_from:
+        from specjax.checkpoints import load_checkpoint
+
+        init = load_checkpoint(args.init_from, dtype=config.param_dtype)
+    model = tr.train(config, tc, src, tgt, run_dir, teacher=teacher, init=init)
     print(json.dumps({"run_dir": str(run_dir), "params": model.num_params, "steps": tc.num_steps}))
     if args.export:
         from specjax.checkpoints import save_checkpoint
