@@ -1,0 +1,62 @@
+"""The shipped English->German pair (issue 4): it loads, has the promised sizes, translates a known sentence
+to a fixed output at temperature 0, and greedy speculative output equals greedy target output on real lines.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from specjax import bench
+from specjax.decoding import speculative_sample, temperature_sample
+from specjax.defaults import DEFAULT_PAIR, load_default_pair
+
+
+def per_token_decode_macs(config) -> int:
+    """Multiply-adds to decode one token (cross-attention keys/values are precomputed once per input):
+    per decoder layer self-attention q,k,v,o, cross-attention q,o, the MLP; then the logits."""
+    d, inner, f, v = config.d_model, config.num_heads * config.head_dim, config.mlp_dim, config.vocab_size
+    mlp = (3 if config.gated_gelu else 2) * d * f
+    return config.num_decoder_layers * (4 * d * inner + 2 * d * inner + mlp) + d * v
+
+
+@pytest.fixture(scope="module", params=["distilled", "reference"])
+def pair(request):
+    return load_default_pair(request.param)
+
+
+def test_shipped_files_and_sizes(pair):
+    target, draft, tokenizer = pair
+    assert target.config.gated_gelu and not target.config.logits_via_embedding  # T5 1.1 architecture
+    assert target.num_params >= 8_000_000
+    assert draft.config.vocab_size == target.config.vocab_size == tokenizer.vocab_size == 8000
+    # Draft: at most 1/10 of the target's per-token decode cost (multiply-adds).
+    assert per_token_decode_macs(draft.config) <= per_token_decode_macs(target.config) / 10
+    total = sum(p.stat().st_size for p in DEFAULT_PAIR.rglob("*") if p.is_file())
+    assert total <= 60_000_000, f"shipped pair is {total / 1e6:.1f} MB"
+
+
+def test_known_sentence_translates_to_fixed_output(pair):
+    target, draft, tokenizer = pair
+    x = tokenizer.encode_batch(["A man in a blue shirt is riding a bicycle down the street.",
+                                "Two dogs are playing in the snow."])
+    out = speculative_sample(target, draft, x, rng=jax.random.PRNGKey(0), gamma=4, max_decode_length=64,
+                             temperature=0.0)
+    got = [tokenizer.decode(s[:n]) for s, n in zip(out.sequences, out.lengths)]
+    assert got == ["Ein Mann in einem blauen Hemd fährt auf dem Fahrrad die Straße entlang.",
+                   "Zwei Hunde spielen im Schnee."]
+    assert 0.0 < out.acceptance_rate <= 1.0
+
+
+def test_greedy_speculative_equals_greedy_target_on_multi30k(pair, data_dir):
+    target, draft, tokenizer = pair
+    lines = (data_dir / "train" / "multi30k" / "test_2016_flickr.en").read_text().splitlines()[:96]
+    batches = bench.pad_batches([tokenizer.encode(l) for l in lines], batch_size=32)
+    for j, x in enumerate(batches):
+        base = temperature_sample(target, x, rng=jax.random.PRNGKey(j), max_decode_length=64, temperature=0.0)
+        for gamma in (2, 5):
+            spec = speculative_sample(target, draft, x, rng=jax.random.PRNGKey(j), gamma=gamma,
+                                      max_decode_length=64, temperature=0.0)
+            np.testing.assert_array_equal(spec.sequences, base.sequences)
+            np.testing.assert_array_equal(spec.lengths, base.lengths)
