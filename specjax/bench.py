@@ -24,7 +24,8 @@ from specjax.models import t5
 from specjax.models.t5 import T5Model
 
 __all__ = [
-    "expected_tokens_per_call", "expected_improvement", "measure_cost_ratio", "PairMeasurement",
+    "expected_tokens_per_call", "expected_improvement", "alpha_from_tokens_per_call", "measure_cost_ratio",
+    "PairMeasurement",
     "measure_pair", "pad_batches", "environment", "measure_costs", "profile_pieces", "format_profile",
     "BenchRow", "load_experiment", "read_lines", "encode_inputs", "quality", "run_row", "format_markdown",
     "write_csv", "plot_records", "goal_ratios", "format_goals", "TABLE_COLUMNS", "CSV_COLUMNS", "GOALS",
@@ -41,6 +42,26 @@ def expected_tokens_per_call(alpha: float, gamma: int) -> float:
 def expected_improvement(alpha: float, gamma: int, c: float) -> float:
     """(1 − α^(γ+1)) / ((1 − α)(γc + 1)): expected walltime speedup (Leviathan et al. 2023, Theorem 3.8)."""
     return expected_tokens_per_call(alpha, gamma) / (gamma * c + 1.0)
+
+
+def alpha_from_tokens_per_call(tokens_per_call: float, gamma: int) -> float:
+    """The per-token acceptance probability α (the paper's E[β], section 3.1) that makes the expected tokens
+    per target call (1 − α^(γ+1)) / (1 − α) equal the measured ``tokens_per_call`` (bisection, 1e-9).
+
+    The paper's formulas take this per-token α. The acceptance rate ``DecodeResult.acceptance_rate``
+    (accepted / drafted) is smaller for γ > 1: drafts after the first rejection of an iteration are never
+    tested but are counted as drafted (at γ = 1 the two agree). Rows clipped by EOS or by
+    ``max_decode_length`` emit fewer tokens in their last iteration, which biases this estimate slightly low.
+    """
+    lo, hi = 0.0, 1.0
+    if tokens_per_call <= 1.0:
+        return 0.0
+    if tokens_per_call >= gamma + 1:
+        return 1.0
+    while hi - lo > 1e-9:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if expected_tokens_per_call(mid, gamma) < tokens_per_call else (lo, mid)
+    return (lo + hi) / 2
 
 
 def environment() -> dict:
@@ -560,13 +581,16 @@ def run_row(target: T5Model, draft: T5Model, tokenizer, row: BenchRow, *, batch_
                              max_decode_length=row.max_decode_length, num_inputs=len(ids), seed=seed,
                              repeats=repeats, max_input_length=row.max_input_length, truncate=True,
                              on_batch=on_batch)
-            alpha, c = m.acceptance_rate, costs["c"]
+            c = costs["c"]
+            # The theory takes the per-token α (paper section 3.1), estimated from tokens per call.
+            alpha = alpha_from_tokens_per_call(m.tokens_per_target_call, gamma)
             w = costs["window_over_step"][gamma]
             expected = expected_improvement(alpha, gamma, c)
             rec = {
                 "task": row.task, "target": row.target, "draft": row.draft, "temperature": row.temperature,
                 "gamma": gamma, "batch_size": bs, "num_inputs": len(ids), "repeats": repeats,
-                "max_decode_length": row.max_decode_length, "alpha": alpha,
+                "max_decode_length": row.max_decode_length, "alpha": m.acceptance_rate,
+                "alpha_per_token": alpha,
                 "alpha_rows": [float(a) for a in m.row_acceptance_rates],
                 "tokens_per_call": m.tokens_per_target_call,
                 "expected_tokens_per_call": expected_tokens_per_call(alpha, gamma),
@@ -598,7 +622,8 @@ def run_row(target: T5Model, draft: T5Model, tokenizer, row: BenchRow, *, batch_
 TABLE_COLUMNS = [
     # (key, header, format) -- the first six are the paper's Table 2 layout.
     ("task", "task", "{}"), ("draft", "draft", "{}"), ("temperature", "temp", "{:g}"), ("gamma", "γ", "{}"),
-    ("alpha", "α", "{:.3f}"), ("speedup", "speedup", "{:.2f}x"),
+    ("alpha_per_token", "α", "{:.3f}"), ("speedup", "speedup", "{:.2f}x"),
+    ("alpha", "accepted/drafted", "{:.3f}"),
     ("paper_alpha", "paper α", "{:.2f}"), ("paper_speedup", "paper speedup", "{:.1f}x"),
     ("expected_improvement", "expected (theory)", "{:.2f}x"), ("speedup_over_expected", "measured/expected", "{:.2f}"),
     ("c", "c", "{:.3f}"), ("window_over_step", "window/step", "{:.2f}"),
@@ -687,12 +712,13 @@ def plot_records(records: Sequence[dict], out_dir: str) -> list[str]:
         color = f"C{i % 10}"
         label = f"{key[0]} {key[1]} T={key[2]:g}" + (f" b={key[3]}" if key[3] != 1 else "")
         g = [r["gamma"] for r in rs]
-        ax_a.plot(g, [r["alpha"] for r in rs], "o-", color=color, label=label)
+        ax_a.plot(g, [r["alpha_per_token"] for r in rs], "o-", color=color, label=label)
         ax_t.plot(g, [r["tokens_per_call"] for r in rs], "o-", color=color, label=f"{label} measured")
         ax_t.plot(g, [r["expected_tokens_per_call"] for r in rs], "x--", color=color, label=f"{label} theory")
         ax_s.plot(g, [r["speedup"] for r in rs], "o-", color=color, label=f"{label} measured")
         # Theory at the mean measured α and c over this series, on a dense γ grid.
-        alpha, c = float(np.mean([r["alpha"] for r in rs])), float(np.mean([r["c"] for r in rs]))
+        alpha = float(np.mean([r["alpha_per_token"] for r in rs]))
+        c = float(np.mean([r["c"] for r in rs]))
         dense = np.arange(1, max(max(g), 1) + 1)
         ax_s.plot(dense, [expected_improvement(alpha, int(x), c) for x in dense], "--", color=color,
                   label=f"{label} theory (α={alpha:.2f}, c={c:.3f})")
@@ -701,7 +727,7 @@ def plot_records(records: Sequence[dict], out_dir: str) -> list[str]:
                 ax_a.plot([r["gamma"]], [r["paper_alpha"]], "*", color=color, markersize=12)
             if r.get("paper_speedup") is not None:
                 ax_s.plot([r["gamma"]], [r["paper_speedup"]], "*", color=color, markersize=12)
-    ax_a.set(xlabel="γ (draft tokens per target call)", ylabel="acceptance rate α", title="α (★ = paper)",
+    ax_a.set(xlabel="γ (draft tokens per target call)", ylabel="per-token acceptance rate α (from tokens/call)", title="α (★ = paper)",
              ylim=(0, 1.02))
     ax_t.set(xlabel="γ", ylabel="tokens per target call", title="tokens per target call: measured vs theory")
     ax_s.axhline(1.0, color="grey", lw=0.8)

@@ -33,6 +33,11 @@ def test_expected_improvement_hand_computed():
     assert bench.expected_tokens_per_call(0.5, 1) == pytest.approx(1.5)
     assert bench.expected_tokens_per_call(0.0, 5) == pytest.approx(1.0)
     assert bench.expected_tokens_per_call(1.0, 4) == 5.0  # the α → 1 limit, γ + 1
+    # The per-token α the theory takes inverts the tokens-per-call formula.
+    for alpha, gamma in ((0.3, 1), (0.7, 4), (0.9, 7)):
+        tau = bench.expected_tokens_per_call(alpha, gamma)
+        assert bench.alpha_from_tokens_per_call(tau, gamma) == pytest.approx(alpha, abs=1e-7)
+    assert bench.alpha_from_tokens_per_call(1.0, 3) == 0.0 and bench.alpha_from_tokens_per_call(4.0, 3) == 1.0
     # c = 0: the walltime improvement is the tokens per call.
     assert bench.expected_improvement(0.75, 7, 0.0) == pytest.approx((1 - 0.75 ** 8) / 0.25)
 
