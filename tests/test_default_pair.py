@@ -60,3 +60,18 @@ def test_greedy_speculative_equals_greedy_target_on_multi30k(pair, data_dir):
                                       max_decode_length=64, temperature=0.0)
             np.testing.assert_array_equal(spec.sequences, base.sequences)
             np.testing.assert_array_equal(spec.lengths, base.lengths)
+
+
+def test_readme_python_example_runs():
+    """The README's Python block runs as written (top-level names exist, output is German)."""
+    import io
+    import contextlib
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    block = re.search(r"## Python\n\n```python\n(.*?)```", readme, re.S).group(1)
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        exec(compile(block, "README.md", "exec"), {})
+    assert "Fahrrad" in buf.getvalue()

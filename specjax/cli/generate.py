@@ -8,7 +8,7 @@ Example::
 
 Each output line is the decode of the input line with the same number (after ``--prefix``). Output is
 flushed after every batch; running the same command again resumes after the lines already in ``--output``.
-Batches have a fixed size (the last one is padded with dummy rows that are dropped) and inputs are padded to
+Batches have a fixed size (the last one is padded with copies of its first row, with that row's key, which are dropped) and inputs are padded to
 a power-of-2 length, so a few compiled programs serve the whole file. Row ``i`` of the file samples with
 ``fold_in(PRNGKey(seed), i)``, so outputs do not depend on ``--batch-size`` or on resuming.
 """
@@ -190,10 +190,14 @@ def run(args: argparse.Namespace) -> int:
         for start in range(0, len(encoded), bs):
             rows = encoded[start:start + bs]
             width = _bucket(max(len(r) for r in rows), args.max_input_length)
-            x = np.zeros((bs, width), np.int32)  # dummy rows: a lone pad token, dropped below
+            x = np.zeros((bs, width), np.int32)
             for j, ids in enumerate(rows):
                 x[j, :len(ids)] = ids
+            # Dummy rows (dropped below) copy the first row with its own key, so they finish with it: a
+            # different filler would keep the shared loop running after every real row is done.
+            x[len(rows):] = x[0]
             line_ids = np.arange(done + start, done + start + bs)
+            line_ids[len(rows):] = line_ids[0]
             keys = jax.vmap(lambda i: jax.random.fold_in(seed_key, i))(line_ids)
             r, seconds = timed(spec, x, keys, ("spec", width))
             real = slice(0, len(rows))
