@@ -75,3 +75,10 @@ def test_readme_python_example_runs():
     with contextlib.redirect_stdout(buf):
         exec(compile(block, "README.md", "exec"), {})
     assert "Fahrrad" in buf.getvalue()
+
+
+def test_translate_command_refuses_empty_text(capsys):
+    from specjax.cli import main
+
+    assert main(["translate", "A dog runs.", "  "]) == 2
+    assert "argument 2 is empty" in capsys.readouterr().err

@@ -31,6 +31,11 @@ def run(args: argparse.Namespace) -> int:
     from specjax import bench
     from specjax.decoding import speculative_sample
 
+    empty = [i for i, t in enumerate(args.text) if not t.strip()]
+    if empty:
+        raise ValueError(f"argument {empty[0] + 1} is empty; give the English sentences to translate.")
+    if args.tokenizer and not args.target:
+        raise ValueError("--tokenizer applies to --target/--draft checkpoints; the embedded pair uses its own.")
     if bool(args.target) != bool(args.draft):
         raise ValueError("Give both --target and --draft, or neither (to use the embedded default pair).")
     if args.target:
