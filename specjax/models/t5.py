@@ -191,6 +191,7 @@ class MLP(nn.Module):
 
 
 class EncoderLayer(nn.Module):
+    """One encoder block: x + SelfAttn(RMSNorm(x)), then x + MLP(RMSNorm(x)); x [b, s, d] -> [b, s, d]."""
     config: T5Config
 
     def setup(self):
@@ -209,6 +210,7 @@ class EncoderLayer(nn.Module):
 
 
 class DecoderLayer(nn.Module):
+    """One decoder block (self-attention over the cache, cross-attention, MLP); x [b, k, d] -> [b, k, d]."""
     config: T5Config
 
     def setup(self):
@@ -243,6 +245,7 @@ class DecoderLayer(nn.Module):
 
 
 class Encoder(nn.Module):
+    """Token embeddings [b, s, d] and mask bool[b, s] -> final encoder states [b, s, d] (after RMSNorm)."""
     config: T5Config
 
     def setup(self):
@@ -261,6 +264,7 @@ class Encoder(nn.Module):
 
 
 class Decoder(nn.Module):
+    """A k-token window at per-row positions against the cache -> (float32 logits [b, k, v], new cache)."""
     config: T5Config
 
     def setup(self):
