@@ -90,6 +90,17 @@ def relative_position_bucket(relative_position, bidirectional: bool, num_buckets
     return ret + jnp.where(is_small, n, val_if_large)
 
 
+def _dropout(module: nn.Module, x, rate: float):
+    """Training-time dropout (t5x applies it to embeddings, every sub-layer output and the final norms).
+
+    A no-op when ``rate`` is 0 (inference): no ``"dropout"`` rng is needed then.
+    """
+    if rate == 0.0:
+        return x
+    keep = jax.random.bernoulli(module.make_rng("dropout"), 1.0 - rate, x.shape)
+    return jnp.where(keep, x / (1.0 - rate), 0.0).astype(x.dtype)
+
+
 def _param(module: nn.Module, name: str, init, shape, axes, dtype):
     return module.param(name, nn.with_logical_partitioning(init, axes), shape, dtype)
 
@@ -193,6 +204,7 @@ class MLP(nn.Module):
 class EncoderLayer(nn.Module):
     """One encoder block: x + SelfAttn(RMSNorm(x)), then x + MLP(RMSNorm(x)); x [b, s, d] -> [b, s, d]."""
     config: T5Config
+    dropout_rate: float = 0.0
 
     def setup(self):
         self.pre_attention_layer_norm = RMSNorm(self.config)
@@ -204,14 +216,15 @@ class EncoderLayer(nn.Module):
         with jax.named_scope("self_attention"):
             y = self.pre_attention_layer_norm(x)
             k, v = self.attention.kv(y)
-            x = x + self.attention.attend(self.attention.q(y), k, v, bias)
+            x = x + _dropout(self, self.attention.attend(self.attention.q(y), k, v, bias), self.dropout_rate)
         with jax.named_scope("mlp"):
-            return x + self.mlp(self.pre_mlp_layer_norm(x))
+            return x + _dropout(self, self.mlp(self.pre_mlp_layer_norm(x)), self.dropout_rate)
 
 
 class DecoderLayer(nn.Module):
     """One decoder block (self-attention over the cache, cross-attention, MLP); x [b, k, d] -> [b, k, d]."""
     config: T5Config
+    dropout_rate: float = 0.0
 
     def setup(self):
         cfg = self.config
@@ -234,43 +247,49 @@ class DecoderLayer(nn.Module):
             y = self.pre_self_attention_layer_norm(x)
             new_k, new_v = self.self_attention.kv(y)
             k, v = write(self_kv[0], new_k), write(self_kv[1], new_v)
-            x = x + self.self_attention.attend(self.self_attention.q(y), k, v, self_bias)
+            x = x + _dropout(self, self.self_attention.attend(self.self_attention.q(y), k, v, self_bias),
+                             self.dropout_rate)
         with jax.named_scope("cross_attention"):
             y = self.pre_cross_attention_layer_norm(x)
-            x = x + self.encoder_decoder_attention.attend(
-                self.encoder_decoder_attention.q(y), cross_kv[0], cross_kv[1], cross_bias)
+            x = x + _dropout(self, self.encoder_decoder_attention.attend(
+                self.encoder_decoder_attention.q(y), cross_kv[0], cross_kv[1], cross_bias), self.dropout_rate)
         with jax.named_scope("mlp"):
-            x = x + self.mlp(self.pre_mlp_layer_norm(x))
+            x = x + _dropout(self, self.mlp(self.pre_mlp_layer_norm(x)), self.dropout_rate)
         return x, (k, v)
 
 
 class Encoder(nn.Module):
     """Token embeddings [b, s, d] and mask bool[b, s] -> final encoder states [b, s, d] (after RMSNorm)."""
     config: T5Config
+    dropout_rate: float = 0.0
 
     def setup(self):
         cfg = self.config
         self.relpos_bias = RelativePositionBias(True, cfg)
-        self.layers = [EncoderLayer(cfg, name=f"layers_{i}") for i in range(cfg.num_encoder_layers)]
+        self.layers = [EncoderLayer(cfg, self.dropout_rate, name=f"layers_{i}")
+                       for i in range(cfg.num_encoder_layers)]
         self.encoder_norm = RMSNorm(cfg)
 
     def __call__(self, x_bsd, mask_bs):
         b, s = mask_bs.shape
         pos = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s))
         bias = self.relpos_bias(pos, pos) + jnp.where(mask_bs[:, None, None, :], 0.0, NEG_INF)
+        x_bsd = _dropout(self, x_bsd, self.dropout_rate)
         for layer in self.layers:
             x_bsd = layer(x_bsd, bias)
-        return self.encoder_norm(x_bsd)
+        return _dropout(self, self.encoder_norm(x_bsd), self.dropout_rate)
 
 
 class Decoder(nn.Module):
     """A k-token window at per-row positions against the cache -> (float32 logits [b, k, v], new cache)."""
     config: T5Config
+    dropout_rate: float = 0.0
 
     def setup(self):
         cfg = self.config
         self.relpos_bias = RelativePositionBias(False, cfg)
-        self.layers = [DecoderLayer(cfg, name=f"layers_{i}") for i in range(cfg.num_decoder_layers)]
+        self.layers = [DecoderLayer(cfg, self.dropout_rate, name=f"layers_{i}")
+                       for i in range(cfg.num_decoder_layers)]
         self.decoder_norm = RMSNorm(cfg)
         if not cfg.logits_via_embedding:
             self.logits_dense = Dense(cfg.vocab_size, ("embed", "vocab"), cfg)
@@ -295,12 +314,13 @@ class Decoder(nn.Module):
             return cache_bLnh.at[rows, query_pos].set(new_bknh.astype(cache_bLnh.dtype), mode="drop")
 
         new_k, new_v = [], []
+        x_bkd = _dropout(self, x_bkd, self.dropout_rate)
         for i, layer in enumerate(self.layers):
             x_bkd, (lk, lv) = layer(x_bkd, (cache.k[i], cache.v[i]), self_bias,
                                     (encoded.cross_k[i], encoded.cross_v[i]), cross_bias, write)
             new_k.append(lk)
             new_v.append(lv)
-        y = self.decoder_norm(x_bkd)
+        y = _dropout(self, self.decoder_norm(x_bkd), self.dropout_rate)
         if cfg.logits_via_embedding:
             logits = embedder.attend(y) / jnp.sqrt(jnp.asarray(y.shape[-1], jnp.float32)).astype(y.dtype)
         else:
@@ -326,13 +346,17 @@ class Embed(nn.Module):
 
 
 class Transformer(nn.Module):
-    """The whole T5; its methods are reached through the pure functions below."""
+    """The whole T5; its methods are reached through the pure functions below.
+
+    ``dropout_rate`` > 0 only in training (``logits(..., dropout_rng=...)``); inference never drops.
+    """
     config: T5Config
+    dropout_rate: float = 0.0
 
     def setup(self):
         self.token_embedder = Embed(self.config)
-        self.encoder = Encoder(self.config)
-        self.decoder = Decoder(self.config)
+        self.encoder = Encoder(self.config, self.dropout_rate)
+        self.decoder = Decoder(self.config, self.dropout_rate)
 
     def encode(self, encoder_input_tokens):
         mask = encoder_input_tokens != self.config.pad_id
@@ -430,8 +454,13 @@ def decode(config: T5Config, params: Params, encoded: Encoded, tokens, cache: KV
                                      jnp.asarray(positions, jnp.int32), method=Transformer.decode)
 
 
-def logits(config: T5Config, params: Params, encoder_input_tokens, decoder_input_tokens) -> jax.Array:
+def logits(config: T5Config, params: Params, encoder_input_tokens, decoder_input_tokens, *,
+           dropout_rate: float = 0.0, dropout_rng: jax.Array | None = None) -> jax.Array:
     """Teacher-forced forward pass: float32 logits [b, t, v] (t5x ``Transformer.__call__``).
+
+    Training passes ``dropout_rate`` > 0 with a ``dropout_rng`` key (T5's dropout on embeddings, every
+    sub-layer output and the final norms; Raffel et al. 2020 section 3.1.2 use 0.1 for fine-tuning).
+    Raises ValueError for a ``dropout_rate`` outside [0, 1) or a rate without a key.
 
     ``decoder_input_tokens`` int32[b, t] are the targets shifted right, starting with ``pad_id`` (0).
     Padded decoder positions are not masked as keys (causal mask only): logits at real target positions
@@ -439,8 +468,14 @@ def logits(config: T5Config, params: Params, encoder_input_tokens, decoder_input
     """
     _check_tokens(config, encoder_input_tokens, "encoder_input_tokens")
     _check_tokens(config, decoder_input_tokens, "decoder_input_tokens")
-    return Transformer(config).apply({"params": params}, jnp.asarray(encoder_input_tokens, jnp.int32),
-                                     jnp.asarray(decoder_input_tokens, jnp.int32))
+    if not 0.0 <= dropout_rate < 1.0:
+        raise ValueError(f"dropout_rate must be in [0, 1), got {dropout_rate}.")
+    if dropout_rate > 0.0 and dropout_rng is None:
+        raise ValueError("dropout_rate > 0 needs a dropout_rng key (jax.random.PRNGKey).")
+    rngs = {"dropout": dropout_rng} if dropout_rate > 0.0 else {}
+    return Transformer(config, dropout_rate).apply(
+        {"params": params}, jnp.asarray(encoder_input_tokens, jnp.int32),
+        jnp.asarray(decoder_input_tokens, jnp.int32), rngs=rngs)
 
 
 def _init_boxed(config: T5Config, rng):
