@@ -313,8 +313,11 @@ def _baseline_loop(fns: DecodingModel, settings: _Settings, params, encoder_inpu
             logits, cache = fns.decode(params, encoded, tokens, state.cache, positions)
         with jax.named_scope("sample"):
             next_keys, step_keys = _split_rows(state.keys, 2)
-            probs = sampler.probs(logits[:, 0])  # [b, v]
-            token = jax.vmap(sampler.sample)(step_keys, probs)  # [b]
+            if sampler.greedy:  # argmax of the logits: no [b, v] one-hot built
+                token = jnp.argmax(logits[:, 0], axis=-1).astype(jnp.int32)
+            else:
+                probs = sampler.probs(logits[:, 0])  # [b, v]
+                token = jax.vmap(sampler.sample)(step_keys, probs)  # [b]
         active = ~state.done
         sequences = state.sequences.at[:, i].set(jnp.where(active, token, state.sequences[:, i]))
         done = state.done | (active & (token == settings.eos_id)) | (i + 1 >= T)
@@ -367,29 +370,43 @@ def _speculative_loop(target: DecodingModel, draft: DecodingModel, settings: _Se
             first = _decoder_input_at(state.sequences, start, pad_id)
             logits2, draft_cache = draft.decode(draft_params, draft_encoded, jnp.stack([first, last], 1),
                                                 state.draft_cache, start)  # logits2 [b, 2, v]
-            p1 = sampler.probs(logits2[rows, n - start])  # [b, v]
-            x1 = jax.vmap(sampler.sample)(draft_keys[0], p1)  # [b]
+
+            def draw(key_b, logits_bv):
+                # Greedy: the argmax straight from the logits (p is one-hot there; never materialised).
+                if sampler.greedy:
+                    return jnp.argmax(logits_bv, axis=-1).astype(jnp.int32), jnp.zeros((b, 0), jnp.float32)
+                p = sampler.probs(logits_bv)  # [b, v]
+                return jax.vmap(sampler.sample)(key_b, p), p
+
+            x1, p1 = draw(draft_keys[0], logits2[rows, n - start])  # [b], [b, v]
 
             def draft_step(carry, key_i):
                 cache, x_prev, pos = carry  # x_prev [b] sits at decoder position pos [b]
                 logits, cache = draft.decode(draft_params, draft_encoded, x_prev[:, None], cache, pos)
-                p = sampler.probs(logits[:, 0])
-                x = jax.vmap(sampler.sample)(key_i, p)
+                x, p = draw(key_i, logits[:, 0])
                 return (cache, x, pos + 1), (x, p)
 
             (draft_cache, _, _), (xs, ps) = jax.lax.scan(draft_step, (draft_cache, x1, n + 1), draft_keys[1:])
             drafted = jnp.concatenate([x1[:, None], jnp.swapaxes(xs, 0, 1)], axis=1)  # [b, g]
-            p = jnp.concatenate([p1[:, None], jnp.swapaxes(ps, 0, 1)], axis=1)  # [b, g, v]
+            p = jnp.concatenate([p1[:, None], jnp.swapaxes(ps, 0, 1)], axis=1)  # [b, g, v] ([b, g, 0] greedy)
 
         with jax.named_scope("verify"):
             window = jnp.concatenate([last[:, None], drafted], axis=1)  # [b, k]
             logits_q, target_cache = target.decode(target_params, target_encoded, window,
                                                    state.target_cache, n)  # [b, k, v]
-            q = sampler.probs(logits_q)  # [b, k, v]
 
         with jax.named_scope("accept"):
-            num_acc, next_token = jax.vmap(functools.partial(accept_or_resample, greedy=sampler.greedy))(
-                accept_keys, drafted, p, q)  # [b], [b]
+            if sampler.greedy:
+                # accept_or_resample on one-hot p and q reduces to this (the residual of two one-hots is
+                # the target's one-hot): keep drafts while they equal the target's argmax, then emit the
+                # target's argmax at the first mismatch (or the bonus position).
+                target_tokens = jnp.argmax(logits_q, axis=-1).astype(jnp.int32)  # [b, k]
+                num_acc = jnp.sum(jnp.cumprod((target_tokens[:, :g] == drafted).astype(jnp.int32), axis=1),
+                                  axis=1)
+                next_token = target_tokens[rows, num_acc]
+            else:
+                q = sampler.probs(logits_q)  # [b, k, v]
+                num_acc, next_token = jax.vmap(accept_or_resample)(accept_keys, drafted, p, q)  # [b], [b]
             j = jnp.arange(g + 1)[None, :]  # [1, k]
             drafted_pad = jnp.concatenate([drafted, jnp.zeros((b, 1), jnp.int32)], axis=1)  # [b, k]
             emitted = jnp.where(j < num_acc[:, None], drafted_pad, next_token[:, None])  # [b, k]
