@@ -348,6 +348,9 @@ def train(config: T5Config, tc: TrainConfig, src: Sequence[np.ndarray], tgt: Seq
                 snap.parent.mkdir(exist_ok=True)
                 snap.with_suffix(".tmp").write_bytes(serialization.to_bytes(params))
                 os.replace(snap.with_suffix(".tmp"), snap)
+    except KeyboardInterrupt:  # keep what was trained: re-running the command resumes from here
+        _save_state(state_path, params, opt_state, step)
+        raise
     finally:
         bar.close()
         log.close()

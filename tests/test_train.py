@@ -74,6 +74,13 @@ def test_train_refuses_bad_input(tmp_path, data_dir, capsys):
                  "--objective", "distill"])
     assert code == 2
     assert "--teacher" in capsys.readouterr().err
+    assert not (tmp_path / "c").exists()  # the failed run left no half-written directory behind
+    code = main(["train", "--run-dir", str(tmp_path / "d"), "--model", "draft", "--source", str(d / "train.en"),
+                 "--target-text", str(d / "train.de"), "--vocab-size", "500", "--max-examples", "600",
+                 "--tokens-per-batch", "1000000"])
+    assert code == 2
+    assert "lower --tokens-per-batch" in capsys.readouterr().err
+    assert not (tmp_path / "d").exists()
 
 
 def test_dropout_drops_at_the_rate_and_scales_the_rest():

@@ -63,7 +63,24 @@ def _model_sizes():
 
 
 def run(args: argparse.Namespace) -> int:
-    """Runs ``specjax train``; returns 0 on success."""
+    """Runs ``specjax train``; returns 0 on success.
+
+    A run directory this command created is removed again when the run fails before its first checkpoint
+    (bad data, bad flags), so a corrected re-run does not meet a half-written directory.
+    """
+    import shutil
+
+    run_dir = Path(args.run_dir)
+    created = not run_dir.exists()
+    try:
+        return _run(args)
+    except Exception:
+        if created and run_dir.is_dir() and not (run_dir / "state.msgpack").exists():
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+
+
+def _run(args: argparse.Namespace) -> int:
     import dataclasses
 
     import numpy as np
