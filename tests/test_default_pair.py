@@ -44,7 +44,7 @@ def test_known_sentence_translates_to_fixed_output(pair):
     out = speculative_sample(target, draft, x, rng=jax.random.PRNGKey(0), gamma=4, max_decode_length=64,
                              temperature=0.0)
     got = [tokenizer.decode(s[:n]) for s, n in zip(out.sequences, out.lengths)]
-    assert got == ["Ein Mann in einem blauen Hemd fährt auf dem Fahrrad die Straße entlang.",
+    assert got == ["Ein Mann in einem blauen Hemd fährt auf der Straße Fahrrad die Straße hinunter.",
                    "Zwei Hunde spielen im Schnee."]
     assert 0.0 < out.acceptance_rate <= 1.0
 
