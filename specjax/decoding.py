@@ -216,6 +216,12 @@ def _row_keys(rng, batch: int) -> np.ndarray:
             raise ValueError(f"rng holds {rng.shape[0]} per-row keys for a batch of {batch}; pass one key "
                              "(rows get fold_in(key, row)) or exactly one key per row.")
         return rng
+    return _fold_rows(rng, batch)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _fold_rows(rng, batch: int):
+    # One compiled call instead of a handful of eager dispatches (~3 ms per decode call on CPU).
     return jax.vmap(lambda i: jax.random.fold_in(rng, i))(jnp.arange(batch))
 
 
