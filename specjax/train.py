@@ -85,9 +85,11 @@ class TrainConfig:
             raise ValueError(f"dropout_rate must be in [0, 1), got {self.dropout_rate}.")
         if self.objective not in ("reference", "distill"):
             raise ValueError(f"objective must be 'reference' or 'distill', got {self.objective!r}.")
-        if self.num_steps < 1 or self.tokens_per_batch < BUCKETS[-1]:
-            raise ValueError("num_steps must be >= 1 and tokens_per_batch >= the largest bucket "
-                             f"({BUCKETS[-1]} tokens).")
+        if self.num_steps < 1:
+            raise ValueError(f"num_steps (--steps) must be >= 1, got {self.num_steps}.")
+        if self.tokens_per_batch < BUCKETS[-1]:
+            raise ValueError(f"tokens_per_batch (--tokens-per-batch) must be >= the largest length bucket "
+                             f"({BUCKETS[-1]} tokens), got {self.tokens_per_batch}.")
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -82,3 +82,13 @@ def test_translate_command_refuses_empty_text(capsys):
 
     assert main(["translate", "A dog runs.", "  "]) == 2
     assert "argument 2 is empty" in capsys.readouterr().err
+
+
+def test_demo_runs_on_real_lines(capsys, data_dir):
+    from specjax.cli import main
+
+    assert main(["demo", "--num-lines", "3", "--gamma", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "acceptance rate" in out and "tokens per target call" in out and "speedup" in out
+    assert "greedy outputs identical to the target alone: True" in out
+    assert out.count("DE: ") == 3
