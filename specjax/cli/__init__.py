@@ -15,6 +15,19 @@ import sys
 SUBCOMMANDS = ("demo", "translate", "generate", "convert", "train", "bench")
 
 
+def add_decoding_args(p: argparse.ArgumentParser, *, gamma: int, max_decode_length: int,
+                      seed_help: str = "PRNG seed for sampling") -> None:
+    """The speculative-sampling flags shared by subcommands: --gamma, --temperature, --top-k, --top-p,
+    --max-decode-length (tokens) and --seed, with the subcommand's own defaults for gamma and length."""
+    p.add_argument("--gamma", type=int, default=gamma, help=f"draft tokens per target call (default {gamma})")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); 1 = sample from the target")
+    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (default 0: all)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass to keep, in (0, 1] (default 1: all)")
+    p.add_argument("--max-decode-length", type=int, default=max_decode_length,
+                   help=f"output tokens per line at most (default {max_decode_length})")
+    p.add_argument("--seed", type=int, default=0, help=f"{seed_help} (default 0)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The top-level argument parser with every available subcommand."""
     parser = argparse.ArgumentParser(

@@ -20,6 +20,8 @@ import os
 import sys
 import time
 
+from specjax.cli import add_decoding_args
+
 DEFAULT_TOKENIZER = os.path.join("..", "shared", "data", "tokenizer", "t5", "spiece.model")
 
 
@@ -39,15 +41,11 @@ def add_parser(sub) -> None:
                    help=f"SentencePiece model (default: {DEFAULT_TOKENIZER} if it exists; the embedded "
                         "pair's own vocabulary without --target/--draft)")
     p.add_argument("--prefix", default="", help='task prefix, e.g. "translate English to German: "')
-    p.add_argument("--gamma", type=int, default=5, help="draft tokens per target call (default 5)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0: all)")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1] (1: all)")
+    add_decoding_args(p, gamma=5, max_decode_length=128,
+                      seed_help="PRNG seed (line i uses fold_in(seed key, i))")
     p.add_argument("--batch-size", type=int, default=32, help="rows per decode call (default 32)")
-    p.add_argument("--max-decode-length", type=int, default=128, help="most output tokens per line")
     p.add_argument("--max-input-length", type=int, default=512, help="most input tokens per line (with EOS)")
     p.add_argument("--truncate", action="store_true", help="cut longer inputs instead of failing")
-    p.add_argument("--seed", type=int, default=0, help="PRNG seed (line i uses fold_in(seed key, i))")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
                    help="cast both models to this dtype (default: as stored)")
     p.add_argument("--compare-baseline", action="store_true",

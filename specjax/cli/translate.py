@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from specjax.cli import add_decoding_args
+
 
 def add_parser(sub) -> None:
     """Registers ``specjax translate``."""
@@ -15,12 +17,7 @@ def add_parser(sub) -> None:
     p.add_argument("--draft", help="draft checkpoint (default: the embedded pair's distilled draft)")
     p.add_argument("--tokenizer", help="SentencePiece model for --target/--draft checkpoints")
     p.add_argument("--prefix", default="", help='task prefix, e.g. "translate English to German: "')
-    p.add_argument("--gamma", type=int, default=3, help="draft tokens per target call (default 3)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); 1 = sample from the target")
-    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (default 0: all)")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass to keep (default 1.0: all)")
-    p.add_argument("--max-decode-length", type=int, default=64, help="output tokens at most (default 64)")
-    p.add_argument("--seed", type=int, default=0, help="PRNG seed for sampling (default 0)")
+    add_decoding_args(p, gamma=3, max_decode_length=64)
     p.set_defaults(func=run)
 
 
