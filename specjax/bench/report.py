@@ -1,0 +1,154 @@
+"""Reports of bench records: the paper's Table 2 as Markdown, CSV, and the α / speedup plots.
+
+Records are the dicts ``experiment.run_row`` returns. Columns whose field a record lacks stay empty.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from specjax.bench.theory import expected_improvement
+
+__all__ = ["TABLE_COLUMNS", "CSV_COLUMNS", "format_markdown", "write_csv", "plot_records"]
+
+TABLE_COLUMNS = [
+    # (key, header, format) -- the first six are the paper's Table 2 layout.
+    ("task", "task", "{}"), ("draft", "draft", "{}"), ("temperature", "temp", "{:g}"), ("gamma", "γ", "{}"),
+    ("alpha", "α", "{:.3f}"), ("speedup", "speedup", "{:.2f}x"),
+    ("alpha_source", "α source", "{}"), ("accepted_fraction", "accepted fraction", "{:.3f}"),
+    ("mean_accepted_length", "mean accepted length", "{:.2f}"),
+    ("accepted_per_position", "accepted per position", "{}"),
+    ("paper_alpha", "paper α", "{:.2f}"), ("paper_speedup", "paper speedup", "{:.1f}x"),
+    ("expected_improvement", "expected (theory)", "{:.2f}x"), ("speedup_over_expected", "measured/expected", "{:.2f}"),
+    ("c", "c", "{:.3f}"), ("window_over_step", "window/step", "{:.2f}"),
+    ("tokens_per_call", "tokens/call", "{:.2f}"), ("expected_tokens_per_call", "expected tokens/call", "{:.2f}"),
+    ("batch_size", "batch", "{}"), ("target", "target", "{}"), ("num_inputs", "inputs", "{}"),
+    ("spec_tokens_per_s", "spec tok/s", "{:.1f}"), ("base_tokens_per_s", "base tok/s", "{:.1f}"),
+    ("spec_compile_seconds", "spec compile s", "{:.1f}"), ("base_compile_seconds", "base compile s", "{:.1f}"),
+]
+
+
+def _quality_text(rec: dict, which: str) -> str:
+    q = rec.get(f"quality_{which}") or {}
+    return " ".join(f"{k}={v:.1f}" for k, v in q.items() if isinstance(v, float))
+
+
+def _cell(rec: dict, key: str, fmt: str) -> str:
+    v = rec.get(key)
+    if v is None:
+        return ""
+    if isinstance(v, (list, tuple)):
+        return " ".join(str(x) for x in v)
+    try:
+        return fmt.format(v)
+    except (ValueError, TypeError):
+        return str(v)
+
+
+def format_markdown(records: Sequence[dict]) -> str:
+    """The records as a Markdown table: the paper's Table 2 columns (task, draft, temp, γ, α, speedup) first,
+    then the paper's numbers, theory, c, tokens per call, throughput, compile times and quality, then one
+    line with the environment (jax version, backend, device kind and count)."""
+    has_q = any(r.get("quality_spec") for r in records)
+    heads = [h for _, h, _ in TABLE_COLUMNS] + (["quality (spec)", "quality (base)"] if has_q else [])
+    lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
+    for r in records:
+        cells = [_cell(r, k, f) for k, _, f in TABLE_COLUMNS]
+        if has_q:
+            cells += [_quality_text(r, "spec"), _quality_text(r, "base")]
+        lines.append("| " + " | ".join(cells) + " |")
+    if records:
+        e = records[0]
+        lines.append("")
+        lines.append(f"jax {e['jax']}, backend {e['backend']}, {e['device_count']} x {e['device_kind']}; "
+                     "speedup = temperature_sample time / speculative_sample time on the same inputs, after "
+                     "compilation; expected = (1 − α^(γ+1)) / ((1 − α)(γc + 1)) with the measured α and c; α = the paper's "
+                     "mean of β = Σ min(p, q) over verified positions, measured in the loop (α source 'loop') or "
+                     "inverted from tokens per target call ('tokens_per_call'); accepted fraction = accepted / "
+                     "drafted; accepted per position = how often draft position 1…γ was accepted.")
+    return "\n".join(lines) + "\n"
+
+
+CSV_COLUMNS = [k for k, _, _ in TABLE_COLUMNS] + [
+    "alpha_loop", "alpha_from_tokens", "expected_improvement_window", "draft_step_ms", "target_step_ms", "target_window_ms", "iteration_ms",
+    "spec_seconds", "base_seconds", "repeats", "max_decode_length", "greedy_identical", "quality_spec",
+    "quality_base", "jax", "backend", "device_kind", "device_count"]
+
+
+def write_csv(records: Sequence[dict], path: str) -> None:
+    """One CSV line per record, columns ``CSV_COLUMNS`` (quality as ``name=value`` pairs; per-row α is in the
+    JSON only)."""
+    import csv
+
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(CSV_COLUMNS)
+        for r in records:
+            w.writerow([_quality_text(r, k[len("quality_"):]) if k.startswith("quality_")
+                        else _cell(r, k, "{}") for k in CSV_COLUMNS])
+
+
+def plot_records(records: Sequence[dict], out_dir: str) -> list[str]:
+    """Two PNGs (matplotlib, Agg): ``alpha_vs_gamma.png`` (α measured per γ, with the paper's α, and tokens
+    per target call measured next to (1 − α^(γ+1)) / (1 − α)) and ``speedup_vs_gamma.png`` (measured speedup
+    next to the theory curve at the measured α and c, and the paper's speedup). One series per
+    (task, draft, temperature, batch size). Returns the paths written."""
+    import os
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series: dict[tuple, list[dict]] = {}
+    for r in records:
+        series.setdefault((r["task"], r["draft"], r["temperature"], r["batch_size"]), []).append(r)
+    paths = []
+    fig, (ax_a, ax_t) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig2, ax_s = plt.subplots(figsize=(6.5, 4.2))
+    for i, (key, rs) in enumerate(sorted(series.items(), key=lambda kv: str(kv[0]))):
+        rs = sorted(rs, key=lambda r: r["gamma"])
+        color = f"C{i % 10}"
+        label = f"{key[0]} {key[1]} T={key[2]:g}" + (f" b={key[3]}" if key[3] != 1 else "")
+        g = [r["gamma"] for r in rs]
+        ax_a.plot(g, [r["alpha"] for r in rs], "o-", color=color, label=f"{label} α")
+        ax_a.plot(g, [r["accepted_fraction"] for r in rs], "s:", color=color, label=f"{label} accepted fraction")
+        ax_t.plot(g, [r["tokens_per_call"] for r in rs], "o-", color=color, label=f"{label} measured")
+        ax_t.plot(g, [r["expected_tokens_per_call"] for r in rs], "x--", color=color, label=f"{label} theory")
+        ax_s.plot(g, [r["speedup"] for r in rs], "o-", color=color, label=f"{label} measured")
+        # Theory at the mean measured α and c over this series, on a dense γ grid.
+        alpha = float(np.mean([r["alpha"] for r in rs]))
+        c = float(np.mean([r["c"] for r in rs]))
+        dense = np.arange(1, max(max(g), 1) + 1)
+        ax_s.plot(dense, [expected_improvement(alpha, int(x), c) for x in dense], "--", color=color,
+                  label=f"{label} theory (α={alpha:.2f}, c={c:.3f})")
+        for r in rs:
+            if r.get("paper_alpha") is not None:
+                ax_a.plot([r["gamma"]], [r["paper_alpha"]], "*", color=color, markersize=12)
+            if r.get("paper_speedup") is not None:
+                ax_s.plot([r["gamma"]], [r["paper_speedup"]], "*", color=color, markersize=12)
+    ax_a.set(xlabel="γ (draft tokens per target call)", ylabel="α (paper §3.1) and accepted fraction", title="α (★ = paper)",
+             ylim=(0, 1.02))
+    ax_t.set(xlabel="γ", ylabel="tokens per target call", title="tokens per target call: measured vs theory")
+    ax_s.axhline(1.0, color="grey", lw=0.8)
+    ax_s.set(xlabel="γ (draft tokens per target call)", ylabel="walltime speedup",
+             title="speedup over temperature_sample (★ = paper)")
+    from matplotlib.ticker import MaxNLocator
+
+    for ax in (ax_a, ax_t, ax_s):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    if records:
+        e = records[0]
+        fig.suptitle(f"jax {e['jax']}, {e['backend']} {e['device_count']}x {e['device_kind']}", fontsize=8)
+        fig2.suptitle(f"jax {e['jax']}, {e['backend']} {e['device_count']}x {e['device_kind']}", fontsize=8)
+    for f, name in ((fig, "alpha_vs_gamma.png"), (fig2, "speedup_vs_gamma.png")):
+        f.tight_layout()
+        path = os.path.join(out_dir, name)
+        f.savefig(path, dpi=120)
+        plt.close(f)
+        paths.append(path)
+    return paths

@@ -1,0 +1,266 @@
+"""Side-by-side timing: speculative_sample against temperature_sample on the same inputs, and the cost ratio c.
+
+Only compiled programs are timed (each method's first call, which compiles, is timed apart); the two methods
+alternate batch by batch on the same inputs in one process, so a slower or busier machine moves both alike
+and only their ratio is reported as a result. Nothing here asserts a time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["environment", "finish", "PairMeasurement", "measure_pair", "measure_cost_ratio", "measure_costs"]
+
+
+def environment() -> dict:
+    """jax version, backend, device kind and count: recorded with every result."""
+    devices = jax.devices()
+    return {"jax": jax.__version__, "backend": jax.default_backend(),
+            "device_kind": devices[0].device_kind, "device_count": len(devices)}
+
+
+def finish(result):
+    """Waits until every array field of a ``DecodeResult`` is computed (the decode functions may return
+    before the device has finished); returns ``result``. Works for NumPy fields too."""
+    fields = (getattr(result, f.name) for f in dataclasses.fields(result)) if dataclasses.is_dataclass(result) \
+        else jax.tree_util.tree_leaves(result)
+    for v in fields:
+        if hasattr(v, "block_until_ready"):
+            v.block_until_ready()
+    return result
+
+
+def _field(results, name: str, n: int) -> np.ndarray | None:
+    """Concatenation of one field over per-batch results, the first ``n`` rows; None where it is missing."""
+    if not results or getattr(results[0], name, None) is None:
+        return None
+    return np.concatenate([np.asarray(getattr(r, name)) for r in results])[:n]
+
+
+@dataclasses.dataclass
+class PairMeasurement:
+    """Speculative sampling and temperature_sample on the same inputs, timed alternately after compilation.
+
+    Attributes:
+      spec_seconds, base_seconds: total wall time (seconds) over all batches and repeats (compiled calls).
+      spec_compile_seconds, base_compile_seconds: the first call of each (compile + run), seconds.
+      spec, base: ``DecodeResult`` per batch (from the last repeat).
+      num_inputs: real rows (filler rows of the last batch excluded).
+    """
+    spec_seconds: float
+    base_seconds: float
+    spec_compile_seconds: float
+    base_compile_seconds: float
+    spec: list
+    base: list
+    num_inputs: int
+
+    def _rows(self, results, field):
+        return _field(results, field, self.num_inputs)
+
+    @property
+    def speedup(self) -> float:
+        """base_seconds / spec_seconds."""
+        return self.base_seconds / self.spec_seconds
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """The paper's α over all real rows (Leviathan et al. 2023, §3.1): Σ beta_sum / Σ num_verified, from the
+        β accumulated inside the loop; None when the results do not carry ``beta_sum``."""
+        beta, verified = self._rows(self.spec, "beta_sum"), self._rows(self.spec, "num_verified")
+        if beta is None or verified is None:
+            return None
+        return float(beta.astype(np.float64).sum() / max(1, int(verified.sum())))
+
+    @property
+    def row_acceptance_rates(self) -> np.ndarray | None:
+        """float[num_inputs]: the paper's α per row (NaN where nothing was verified); None without ``beta_sum``."""
+        beta, verified = self._rows(self.spec, "beta_sum"), self._rows(self.spec, "num_verified")
+        if beta is None or verified is None:
+            return None
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return beta.astype(np.float64) / verified
+
+    @property
+    def accepted_fraction(self) -> float:
+        """Accepted / drafted tokens over all real rows (not the paper's α: smaller for γ > 1, since drafts
+        after the first rejection of an iteration are drafted but never tested)."""
+        return float(self._rows(self.spec, "num_accepted").sum() / max(1, self._rows(self.spec, "num_draft_tokens").sum()))
+
+    @property
+    def row_accepted_fractions(self) -> np.ndarray:
+        """float[num_inputs]: accepted / drafted per row (NaN where nothing was drafted)."""
+        drafted = self._rows(self.spec, "num_draft_tokens").astype(np.float64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return self._rows(self.spec, "num_accepted") / drafted
+
+    @property
+    def accepted_per_position(self) -> list[int] | None:
+        """int per draft position i (γ of them): how often position i was accepted, summed over real rows
+        (vLLM's ``num_accepted_tokens_per_pos``); None when the results do not carry it."""
+        counts = self._rows(self.spec, "accepted_per_position")
+        return None if counts is None else [int(c) for c in counts.sum(axis=0)]
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Accepted draft tokens per iteration (per target call), over all real rows."""
+        return float(self._rows(self.spec, "num_accepted").sum() / max(1, self._rows(self.spec, "num_target_calls").sum()))
+
+    @property
+    def tokens_per_target_call(self) -> float:
+        """Emitted tokens / target calls of the speculative runs."""
+        return float(self._rows(self.spec, "lengths").sum() / max(1, self._rows(self.spec, "num_target_calls").sum()))
+
+    @property
+    def output_tokens(self) -> int:
+        """Tokens emitted by the speculative runs (real rows, one repeat)."""
+        return int(self._rows(self.spec, "lengths").sum())
+
+    @property
+    def base_output_tokens(self) -> int:
+        """Tokens emitted by the temperature_sample runs (real rows, one repeat); differs from
+        ``output_tokens`` when sampling (temperature > 0)."""
+        return int(self._rows(self.base, "lengths").sum())
+
+    @property
+    def spec_iterations(self) -> int:
+        """Loop iterations of the speculative runs (one repeat): per batch the most target calls of a row."""
+        return int(sum(int(np.max(np.asarray(r.num_target_calls))) for r in self.spec))
+
+    def sequences(self, which: str = "spec") -> list[np.ndarray]:
+        """Output token rows (real rows only), each trimmed to its length."""
+        results = self.spec if which == "spec" else self.base
+        seqs = self._rows(results, "sequences")
+        lens = self._rows(results, "lengths")
+        return [s[:n] for s, n in zip(seqs, lens)]
+
+
+def measure_pair(target, draft, batches: Sequence[np.ndarray], *, gamma: int, temperature: float,
+                 max_decode_length: int, num_inputs: int | None = None, seed: int = 0, repeats: int = 1,
+                 top_k: int = 0, top_p: float = 1.0, max_input_length: int = 512, truncate: bool = False,
+                 on_batch: Callable[[], None] | None = None) -> PairMeasurement:
+    """Runs speculative_sample and temperature_sample on the same batches, alternating, after compiling each.
+
+    Args:
+      target, draft: ``T5Model``s.
+      batches: int32[b, s] arrays sharing one shape (see ``pad_batches``).
+      num_inputs: real rows in total (trailing filler rows of the last batch are excluded from counts).
+      seed: batch ``j`` uses ``PRNGKey(seed + j)`` for both methods.
+      repeats: passes over all batches; times are summed, results kept from the last pass.
+      max_input_length, truncate: passed to both decode functions (longer inputs are cut when truncate).
+      on_batch: called after each batch (progress bars).
+    Returns:
+      ``PairMeasurement`` (seconds include waiting for the device to finish each call).
+    Raises:
+      ValueError: from the decode functions' validation (gamma, temperature, …) before compiling.
+    """
+    from specjax import speculative_sample, temperature_sample
+
+    kw = dict(max_decode_length=max_decode_length, temperature=temperature, top_k=top_k, top_p=top_p,
+              max_input_length=max_input_length, truncate=truncate)
+
+    def spec(j, x):
+        return finish(speculative_sample(target, draft, x, rng=jax.random.PRNGKey(seed + j), gamma=gamma, **kw))
+
+    def base(j, x):
+        return finish(temperature_sample(target, x, rng=jax.random.PRNGKey(seed + j), **kw))
+
+    t0 = time.perf_counter()
+    spec(0, batches[0])
+    spec_compile = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    base(0, batches[0])
+    base_compile = time.perf_counter() - t0
+    spec_s = base_s = 0.0
+    for _ in range(repeats):
+        spec_results, base_results = [], []
+        for j, x in enumerate(batches):
+            order = (spec, base) if j % 2 == 0 else (base, spec)  # alternate who goes first
+            for fn in order:
+                t0 = time.perf_counter()
+                r = fn(j, x)
+                dt = time.perf_counter() - t0
+                if fn is spec:
+                    spec_s += dt
+                    spec_results.append(r)
+                else:
+                    base_s += dt
+                    base_results.append(r)
+            if on_batch:
+                on_batch()
+    n = num_inputs if num_inputs is not None else sum(b.shape[0] for b in batches)
+    return PairMeasurement(spec_s, base_s, spec_compile, base_compile, spec_results, base_results, n)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The cost ratio c: one decode call of each model, timed in a jitted loop as the decode loop runs it
+
+
+@functools.partial(jax.jit, static_argnums=(0, 4, 5))
+def _steps(config, params, encoded, cache, k: int, n: int):
+    """n decode calls of a k-token window in one jitted loop (what the decode loop runs)."""
+    from specjax.models import t5
+
+    b = cache.k.shape[1]
+
+    def body(i, carry):
+        cache, acc = carry
+        tokens = jnp.full((b, k), 3, jnp.int32) + (acc[:, None] > 1e30)  # data dependence: no hoisting
+        logits, cache = t5.decode(config, params, encoded, tokens, cache, jnp.full((b,), i % 8, jnp.int32))
+        return cache, acc + logits[:, -1, 0]
+
+    return jax.lax.fori_loop(0, n, body, (cache, jnp.zeros((b,), jnp.float32)))[1]
+
+
+def _time_steps(model, encoder_input_tokens, k: int, n: int, repeats: int) -> float:
+    encoded = model.encode(encoder_input_tokens)
+    cache = model.init_cache(encoder_input_tokens.shape[0], 16 + k)
+    jax.block_until_ready(_steps(model.config, model.params, encoded, cache, k, n))  # compile
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(_steps(model.config, model.params, encoded, cache, k, n))
+        best = min(best, time.perf_counter() - t0)
+    return best / n
+
+
+def measure_cost_ratio(target, draft, encoder_input_tokens, gamma: int, steps: int = 64, repeats: int = 5) -> dict:
+    """Measures one decode call of each model inside a jitted loop (seconds per call, best of ``repeats``).
+
+    Args:
+      encoder_input_tokens: int32[b, s] (the batch size matters: c depends on it).
+    Returns:
+      dict with ``draft_step_s`` (k=1), ``target_step_s`` (k=1), ``target_window_s`` (k=γ+1),
+      ``c`` = draft_step_s / target_step_s (the paper's cost ratio, which assumes a window costs as much as
+      one step), and ``window_over_step`` = target_window_s / target_step_s (how far that assumption holds).
+    """
+    costs = measure_costs(target, draft, encoder_input_tokens, [gamma], steps, repeats)
+    return {"draft_step_s": costs["draft_step_s"], "target_step_s": costs["target_step_s"],
+            "target_window_s": costs["target_window_s"][gamma], "c": costs["c"],
+            "window_over_step": costs["window_over_step"][gamma]}
+
+
+def measure_costs(target, draft, encoder_input_tokens, gammas: Sequence[int], steps: int = 32,
+                  repeats: int = 3) -> dict:
+    """``measure_cost_ratio`` for several γ at once (the k=1 steps are timed once, the windows per γ).
+
+    Args:
+      encoder_input_tokens: int32[b, s].
+      gammas: the γ values whose target windows (k = γ+1) to time.
+    Returns:
+      dict with ``draft_step_s``, ``target_step_s``, ``c`` (seconds per call; c = draft/target) and
+      ``target_window_s`` / ``window_over_step``: dicts γ -> seconds / ratio.
+    """
+    tokens = np.asarray(encoder_input_tokens, np.int32)
+    d = _time_steps(draft, tokens, 1, steps, repeats)
+    t1 = _time_steps(target, tokens, 1, steps, repeats)
+    windows = {int(g): _time_steps(target, tokens, int(g) + 1, steps, repeats) for g in sorted(set(gammas))}
+    return {"draft_step_s": d, "target_step_s": t1, "c": d / t1, "target_window_s": windows,
+            "window_over_step": {g: w / t1 for g, w in windows.items()}}
