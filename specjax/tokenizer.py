@@ -15,7 +15,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import sentencepiece as spm
 
-__all__ = ["Tokenizer"]
+__all__ = ["Tokenizer", "as_tokenizer"]
 
 
 class Tokenizer:
@@ -55,6 +55,10 @@ class Tokenizer:
             serialized = model.SerializeToString()
         except Exception as e:
             raise ValueError(f"{path!r} is not a SentencePiece model ({type(e).__name__}: {e}).") from e
+        self._load(serialized, path, extra_ids)
+
+    def _load(self, serialized: bytes, path: str, extra_ids: int) -> None:
+        """Loads a serialized SentencePiece ModelProto whose extra-id pieces are already appended."""
         self._sp = spm.SentencePieceProcessor()
         self._sp.LoadFromSerializedProto(serialized)
         self.path = path
@@ -63,6 +67,55 @@ class Tokenizer:
         self.pad_id: int = max(self._sp.pad_id(), 0)
         self.eos_id: int = self._sp.eos_id()
         self.unk_id: int = self._sp.unk_id()
+
+    @classmethod
+    def from_seqio(cls, vocabulary) -> "Tokenizer":
+        """The ``Tokenizer`` of a ``seqio.SentencePieceVocabulary``: the same ids for every text and piece.
+
+        Reads the vocabulary's own serialized model (``vocabulary.sp_model``: the SentencePiece model with
+        seqio's extra-id pieces and any ``normalizer_spec_overrides`` already applied, in seqio's order,
+        ``reverse_extra_ids`` included), so nothing is re-derived. Loading it reads
+        ``sentencepiece_model_file`` through TensorFlow's file system (gs:// works), as seqio does; seqio is
+        not imported here.
+
+        Args:
+          vocabulary: a ``seqio.SentencePieceVocabulary`` (or an object with its ``sp_model`` bytes,
+            ``sentencepiece_model_file`` and ``extra_ids``).
+        Returns:
+          a ``Tokenizer`` with ``vocab_size == vocabulary.vocab_size``; ``encode`` appends EOS as seqio's
+          ``append_eos`` preprocessor does (seqio's own ``encode`` does not).
+        Raises:
+          ValueError: ``vocabulary`` is not a SentencePiece vocabulary (e.g. ``seqio.ByteVocabulary``), or its
+            model cannot be read.
+        Source: seqio ``vocabularies.py`` (``SentencePieceVocabulary.sp_model``, ``_load_model``).
+        """
+        if isinstance(vocabulary, Tokenizer):
+            return vocabulary
+        missing = [a for a in ("sp_model", "sentencepiece_model_file", "extra_ids") if not hasattr(vocabulary, a)]
+        if missing:
+            raise ValueError(f"{type(vocabulary).__name__} is not a seqio.SentencePieceVocabulary (no "
+                             f"{', '.join(missing)}); specjax decodes T5 SentencePiece vocabularies only.")
+        try:
+            serialized = vocabulary.sp_model
+        except Exception as e:
+            raise ValueError(f"Cannot read the SentencePiece model of {vocabulary!r} "
+                             f"({vocabulary.sentencepiece_model_file!r}): {type(e).__name__}: {e}") from e
+        if not serialized:
+            raise ValueError(f"{vocabulary!r} has no SentencePiece model; specjax decodes T5 SentencePiece "
+                             "vocabularies only.")
+        tok = cls.__new__(cls)
+        tok._load(serialized, str(vocabulary.sentencepiece_model_file), int(vocabulary.extra_ids))
+        return tok
+
+    def same_vocabulary(self, other: "Tokenizer") -> bool:
+        """True when ``other`` maps every id to the same piece (and has the same size and pad/eos/unk ids):
+        token ids from one mean the same text under the other."""
+        if not isinstance(other, Tokenizer):
+            other = as_tokenizer(other)
+        if (self.vocab_size, self.pad_id, self.eos_id, self.unk_id) != (
+                other.vocab_size, other.pad_id, other.eos_id, other.unk_id):
+            return False
+        return all(self._sp.IdToPiece(i) == other._sp.IdToPiece(i) for i in range(self.vocab_size))
 
     def __repr__(self) -> str:
         return f"Tokenizer({self.path!r}, extra_ids={self.extra_ids})"
@@ -145,3 +198,21 @@ class Tokenizer:
             self._check_ids(row, f" in row {r}")
             out.append(self.decode(row))
         return out
+
+
+def as_tokenizer(tokenizer) -> Tokenizer:
+    """A ``Tokenizer`` from what an API or CLI place was given: a ``Tokenizer`` (returned as is), a
+    ``seqio.SentencePieceVocabulary`` (``Tokenizer.from_seqio``), or a path to a SentencePiece model
+    (``Tokenizer(path)``, T5's 100 extra ids).
+
+    Raises:
+      ValueError: another kind of object (the message names its type). FileNotFoundError: no model at a path.
+    """
+    if isinstance(tokenizer, Tokenizer):
+        return tokenizer
+    if isinstance(tokenizer, (str, os.PathLike)):
+        return Tokenizer(tokenizer)
+    if hasattr(tokenizer, "sp_model") or type(tokenizer).__module__.startswith("seqio"):
+        return Tokenizer.from_seqio(tokenizer)
+    raise ValueError(f"Expected a specjax.Tokenizer, a seqio.SentencePieceVocabulary or a SentencePiece model "
+                     f"path, got {type(tokenizer).__name__}.")
