@@ -28,15 +28,18 @@ import dataclasses
 import functools
 import os
 import re
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from specjax import decoding
+from specjax.decoding import inputs
+from specjax.decoding.model import as_decoding_model
+from specjax.decoding.result import DecodeResult
 from specjax.models import t5
+from specjax.models.adapter import T5Decoding
 
 __all__ = [
     "STANDARD_RULES", "Rules", "make_mesh", "parse_mesh", "logical_to_mesh_spec", "param_shardings",
@@ -270,10 +273,10 @@ _CACHE_AXES = t5.KVCache(k=("layers", "batch", "length", "heads", "kv"),
 
 @dataclasses.dataclass(frozen=True)
 class _MeshT5Decoding:
-    """``DecodingModel`` for T5 on a mesh: ``T5Decoding`` plus ``with_sharding_constraint`` on what the loop
-    carries (encoder outputs and caches [l, b, L, n, h]: batch over data, heads over model) and on the
-    logits [b, k, v] (batch only: the vocabulary is gathered once per call before sampling)."""
-    inner: decoding.T5Decoding
+    """``T5Decoding`` plus ``with_sharding_constraint`` on what the loop carries (encoder outputs and caches:
+    batch over data, heads over model) and on the logits [b, k, v] (batch only: the vocabulary is gathered
+    once per call before sampling)."""
+    inner: T5Decoding
     mesh: Mesh
     rules: Rules
 
@@ -290,7 +293,8 @@ class _MeshT5Decoding:
         return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))
 
     def _pin_tree(self, tree, axes):
-        return type(tree)(*(self._pin(x, a) for x, a in zip(tree, axes)))
+        return jax.tree_util.tree_map(self._pin, tree, axes, is_leaf=lambda a: isinstance(a, tuple) and all(
+            isinstance(n, (str, type(None))) for n in a))
 
     def encode(self, params, encoder_input_tokens):
         return self._pin_tree(self.inner.encode(params, encoder_input_tokens), _ENCODED_AXES)
@@ -304,21 +308,59 @@ class _MeshT5Decoding:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Shared plumbing
+# Shared plumbing: any traceable sampler ``fn(*models, encoder_input_tokens, rng=, temperature=, ...)``
 
-
-_PROGRAMS = {decoding.temperature_sample: decoding.temperature_sample_program,
-             decoding.speculative_sample: decoding.speculative_sample_program}
-
+_PER_ROW = ("temperature", "top_k", "top_p")
+_PER_ROW_DTYPES = {"temperature": np.float32, "top_k": np.int32, "top_p": np.float32}
 _JITTED: list = []  # every jitted program this module built, for num_compiled_programs()
 
 
-def _program(fn: Callable, args, kwargs) -> decoding.DecodeProgram:
-    try:
-        build = _PROGRAMS[fn]
-    except (KeyError, TypeError):
-        raise ValueError(f"fn must be specjax.temperature_sample or specjax.speculative_sample, got {fn!r}.")
-    return build(*args, **kwargs)
+class _Call(NamedTuple):
+    """A sampler call split for wrapping: static parts (hashable) and per-row arrays (split over "data")."""
+    fn: Callable
+    models: tuple  # DecodingModels / draft sources (static)
+    params: tuple  # one parameter pytree per model (None for a draft source without parameters)
+    static: tuple  # sorted (name, value) keyword arguments that stay static
+    tokens: np.ndarray  # int32[b, s]
+    keys: np.ndarray  # uint32[b, 2] per-row keys: fold_in(rng, row) of the whole batch
+    per_row: dict  # name -> [b] array (temperature, top_k, top_p)
+
+
+def _split_call(fn: Callable, args, kwargs) -> _Call:
+    if not callable(fn):
+        raise ValueError(f"fn must be a sampler such as specjax.speculative_sample or specjax.temperature_sample, "
+                         f"got {fn!r}.")
+    if len(args) < 2:
+        raise ValueError("pass the sampler's arguments: fn, then its models, then encoder_input_tokens int[b, s] "
+                         "(e.g. data_parallel_sample(specjax.speculative_sample, target, draft, tokens, ...)).")
+    check = getattr(fn, "check_arguments", None)
+    if check is not None:  # every value check, eagerly, before anything compiles
+        check(*args, **kwargs)
+    *models, tokens = args
+    tokens = np.asarray(tokens).astype(np.int32)
+    b = tokens.shape[0]
+    kwargs = dict(kwargs)
+    keys = np.asarray(jax.device_get(inputs.row_keys(jnp.asarray(inputs.raw_keys(kwargs.pop("rng", None), b)), b)))
+    per_row = {k: np.broadcast_to(np.asarray(kwargs.pop(k)).astype(_PER_ROW_DTYPES[k]), (b,))
+               for k in _PER_ROW if k in kwargs}
+    fns, params = [], []
+    for m in models:
+        if hasattr(m, "propose") and hasattr(m, "start"):  # a draft source without parameters
+            fns.append(m)
+            params.append(None)
+        else:
+            f, p = as_decoding_model(m, "model")
+            fns.append(f)
+            params.append(p)
+    return _Call(fn, tuple(fns), tuple(params), tuple(sorted(kwargs.items())), tokens, keys, per_row)
+
+
+def _program(call: _Call, models: tuple):
+    """The traced body: ``fn`` on one (slice of the) batch with per-row keys and sampling arrays."""
+    def run(params, tokens, keys, per_row):
+        pairs = tuple(m if p is None else (m, p) for m, p in zip(models, params))
+        return call.fn(*pairs, tokens, rng=keys, **per_row, **dict(call.static))
+    return run
 
 
 def _pad_rows(x: np.ndarray, multiple: int) -> np.ndarray:
@@ -334,21 +376,18 @@ def _to_host(x: jax.Array) -> np.ndarray:
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
-def _run(jitted, program: decoding.DecodeProgram, params, batch_sharding: NamedSharding, multiple: int):
-    b = program.encoder_input_tokens.shape[0]
-    tokens = _pad_rows(np.asarray(program.encoder_input_tokens), multiple)  # int32[b', s]
-    keys = _pad_rows(np.asarray(jax.random.key_data(program.keys) if jnp.issubdtype(
-        program.keys.dtype, jax.dtypes.prng_key) else program.keys), multiple)  # uint32[b', 2]
-    out = jitted(params, _put(tokens, batch_sharding), _put(keys, batch_sharding))
-    host = jax.tree_util.tree_map(lambda x: _to_host(x)[:b], out)
-    return decoding.decode_result(host)
+def _run(jitted, call: _Call, params, batch_sharding: NamedSharding, multiple: int):
+    b = call.tokens.shape[0]
+    put = lambda x: _put(_pad_rows(x, multiple), batch_sharding)  # noqa: E731
+    out = jitted(params, put(call.tokens), put(call.keys), {k: put(v) for k, v in call.per_row.items()})
+    return jax.tree_util.tree_map(lambda x: _to_host(x)[:b], out)
 
 
 def num_compiled_programs() -> int:
     """How many XLA programs this module's jitted decodes hold (sum of their jit caches).
 
-    One per distinct (model configs, settings, mesh, input shapes): repeated batches of one shape reuse
-    one program. Uses ``jax.jit``'s ``_cache_size()``.
+    One per distinct (sampler, models, static settings, mesh, input shapes): repeated batches of one shape
+    reuse one program, whatever their sampling values. Uses ``jax.jit``'s ``_cache_size()``.
     """
     return sum(f._cache_size() for f in _JITTED)
 
@@ -358,10 +397,10 @@ def num_compiled_programs() -> int:
 
 
 @functools.lru_cache(maxsize=64)
-def _data_parallel_jit(models, settings, mesh: Mesh):
-    loop = functools.partial(decoding.decode_loop, models, settings)
+def _data_parallel_jit(fn, models, static, mesh: Mesh):
+    run = _program(_Call(fn, models, (), static, None, None, {}), models)
     # One while loop per device: params replicated (P()), rows split over "data", no collective inside.
-    per_device = jax.shard_map(loop, mesh=mesh, in_specs=(P(), P(DATA), P(DATA)), out_specs=P(DATA),
+    per_device = jax.shard_map(run, mesh=mesh, in_specs=(P(), P(DATA), P(DATA), P(DATA)), out_specs=P(DATA),
                                check_vma=False)
     jitted = jax.jit(per_device)
     _JITTED.append(jitted)
@@ -369,31 +408,33 @@ def _data_parallel_jit(models, settings, mesh: Mesh):
 
 
 def data_parallel_sample(fn: Callable, *args, devices: Sequence[jax.Device] | None = None,
-                         **kwargs) -> decoding.DecodeResult:
-    """Runs ``fn`` (``temperature_sample`` or ``speculative_sample``) with its batch split over devices.
+                         **kwargs) -> DecodeResult:
+    """Runs a sampler (``temperature_sample``, ``speculative_sample``) with its batch split over devices.
 
-    Each device runs its own decode loop on ``ceil(b / D)`` rows (``jax.shard_map`` over a 1-D "data" mesh,
-    no collective in the loop, so a device stops when its own rows finish). Parameters are replicated on
-    every device (pre-place them with ``replicate_params`` to skip the copy on every call). Rows keep the
-    keys ``fold_in(rng, i)`` of the whole batch, so the result equals ``fn(*args, **kwargs)`` on one device.
-    Repeated calls with the same shapes reuse one compiled program.
+    The sampler itself runs under ``jax.shard_map`` over a 1-D "data" mesh: each device runs its own decode
+    loop on ``ceil(b / D)`` rows (no collective in the loop, so a device stops when its own rows finish).
+    Parameters are replicated on every device (pre-place them with ``replicate_params`` to skip the copy on
+    every call). Rows keep the keys ``fold_in(rng, i)`` of the whole batch and their own sampling values,
+    so the result equals ``fn(*args, **kwargs)`` on one device. Repeated calls with the same shapes reuse one
+    compiled program (``jax.pmap`` over the same samplers gives the same tokens: tests/test_parallel.py).
 
     Args:
-      fn: ``specjax.temperature_sample`` or ``specjax.speculative_sample``.
+      fn: a traceable sampler taking ``(*models, encoder_input_tokens, rng=, temperature=, top_k=, top_p=,
+        ...)``: ``specjax.temperature_sample`` or ``specjax.speculative_sample``.
       *args, **kwargs: ``fn``'s arguments (models, ``encoder_input_tokens`` int[b, s], ``rng``, ...).
       devices: the devices to split over (default: all, ``jax.devices()``).
     Returns:
-      ``DecodeResult`` for the ``b`` rows, in input order (padding rows dropped).
+      ``DecodeResult`` of NumPy arrays for the ``b`` rows, in input order (padding rows dropped).
     Raises:
-      ValueError: ``fn`` is neither sampler, or any argument error of ``fn`` (before anything compiles).
+      ValueError: any argument error of ``fn`` (before anything compiles).
     """
-    program = _program(fn, args, kwargs)
+    call = _split_call(fn, args, kwargs)
     devices = list(jax.devices() if devices is None else devices)
     mesh = Mesh(np.asarray(devices), (DATA,))
     replicated = NamedSharding(mesh, P())
-    params = jax.tree_util.tree_map(lambda x: _put(x, replicated), program.params)
-    jitted = _data_parallel_jit(program.models, program.settings, mesh)
-    return _run(jitted, program, params, NamedSharding(mesh, P(DATA)), len(devices))
+    params = jax.tree_util.tree_map(lambda x: _put(x, replicated), call.params)
+    jitted = _data_parallel_jit(fn, call.models, call.static, mesh)
+    return _run(jitted, call, params, NamedSharding(mesh, P(DATA)), len(devices))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -401,57 +442,60 @@ def data_parallel_sample(fn: Callable, *args, devices: Sequence[jax.Device] | No
 
 
 @functools.lru_cache(maxsize=64)
-def _model_parallel_jit(models, settings, mesh: Mesh, all_rules: tuple):
-    """models: the programs' DecodingModels; all_rules: one rules table per model (None: replicated)."""
+def _model_parallel_jit(fn, models, static, mesh: Mesh, all_rules: tuple):
+    """models: DecodingModels (or draft sources); all_rules: one rules table per model."""
     wrapped, param_specs = [], []
     for fns, rules in zip(models, all_rules):
-        if isinstance(fns, decoding.T5Decoding):
+        if isinstance(fns, T5Decoding):
             wrapped.append(_MeshT5Decoding(fns, mesh, rules))
             param_specs.append(param_shardings(fns.config, mesh, rules))
-        else:  # a hand-made DecodingModel: params replicated, no activation constraints
+        else:  # a hand-made DecodingModel or a draft source: params replicated, no activation constraints
             wrapped.append(fns)
             param_specs.append(NamedSharding(mesh, P()))
-    loop = functools.partial(decoding.decode_loop, tuple(wrapped), settings)
+    run = _program(_Call(fn, tuple(wrapped), (), static, None, None, {}), tuple(wrapped))
     batch = NamedSharding(mesh, P(DATA))
-    jitted = jax.jit(loop, in_shardings=(tuple(param_specs), batch, batch), out_shardings=batch)
+    jitted = jax.jit(run, in_shardings=(tuple(param_specs), batch, batch, batch), out_shardings=batch)
     _JITTED.append(jitted)
     return jitted, tuple(param_specs)
 
 
 def model_parallel_sample(fn: Callable, *args, mesh: Mesh, rules: Rules = STANDARD_RULES,
-                          shard_draft: bool = False, **kwargs) -> decoding.DecodeResult:
-    """Runs ``fn`` as one program over a ``("data", "model")`` mesh, the target's weights split by ``rules``.
+                          shard_draft: bool = False, **kwargs) -> DecodeResult:
+    """Runs a sampler as one program over a ``("data", "model")`` mesh, the target's weights split by ``rules``.
 
-    The target's parameters are placed with ``param_shardings(config, mesh, rules)`` (a no-op if they
-    already are, e.g. from ``shard_params``), the batch is split over "data" (padded with copies of the last
-    row to a multiple of the data size), caches and encoder outputs are constrained to batch-over-data,
-    heads-over-model. The draft of ``speculative_sample`` is replicated over "model" unless ``shard_draft``.
-    Results equal ``fn(*args, **kwargs)`` on one device (up to float reduction order in the split matmuls).
+    The sampler runs under a sharded ``jax.jit``: the target's parameters are placed with
+    ``param_shardings(config, mesh, rules)`` (a no-op if they already are, e.g. from ``shard_params``), the
+    batch is split over "data" (padded with copies of the last row to a multiple of the data size), caches and
+    encoder outputs are constrained to batch-over-data, heads-over-model. The draft of ``speculative_sample``
+    is replicated over "model" unless ``shard_draft``. Results equal ``fn(*args, **kwargs)`` on one device (up
+    to float reduction order in the split matmuls).
 
     Args:
-      fn: ``specjax.temperature_sample`` or ``specjax.speculative_sample``.
+      fn: ``specjax.temperature_sample`` or ``specjax.speculative_sample`` (any traceable sampler with their
+        signature).
       *args, **kwargs: ``fn``'s arguments.
       mesh: from ``make_mesh("data:N,model:M")``.
       rules: logical-to-mesh rules for the target (and a sharded draft).
       shard_draft: split the draft's weights like the target's.
     Returns:
-      ``DecodeResult`` for the ``b`` rows, in input order.
+      ``DecodeResult`` of NumPy arrays for the ``b`` rows, in input order.
     Raises:
-      ValueError: ``fn`` is neither sampler; rules with collisions, unknown names or dimensions that do not
-        divide by their mesh axis; any argument error of ``fn``.
+      ValueError: a mesh without axes ("data", "model"); rules with collisions, unknown names or dimensions
+        that do not divide by their mesh axis; any argument error of ``fn``.
     """
     if tuple(mesh.axis_names) != (DATA, MODEL):
         raise ValueError(f"model_parallel_sample needs a mesh with axes ('data', 'model'), got "
                          f"{mesh.axis_names}; build one with specjax.parallel.make_mesh('data:N,model:M').")
-    program = _program(fn, args, kwargs)
+    call = _split_call(fn, args, kwargs)
     _check_rules(rules, mesh)
     rules = tuple(tuple(r) for r in rules)
-    all_rules = (rules,) + ((rules if shard_draft else _drop_axis(rules, DATA)),) * (len(program.models) - 1)
-    jitted, specs = _model_parallel_jit(program.models, program.settings, mesh, all_rules)
-    params = tuple(jax.tree_util.tree_map(_put, p, s) if not isinstance(s, NamedSharding)
-                   else jax.tree_util.tree_map(lambda x, s=s: _put(x, s), p)
-                   for p, s in zip(program.params, specs))
-    return _run(jitted, program, params, NamedSharding(mesh, P(DATA)), mesh.shape[DATA])
+    all_rules = (rules,) + ((rules if shard_draft else _drop_axis(rules, DATA)),) * (len(call.models) - 1)
+    jitted, specs = _model_parallel_jit(fn, call.models, call.static, mesh, all_rules)
+    params = tuple(None if p is None else
+                   jax.tree_util.tree_map(lambda x, s=s: _put(x, s), p) if isinstance(s, NamedSharding)
+                   else jax.tree_util.tree_map(_put, p, s)
+                   for p, s in zip(call.params, specs))
+    return _run(jitted, call, params, NamedSharding(mesh, P(DATA)), mesh.shape[DATA])
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -507,7 +551,7 @@ class ParallelRunner:
     mesh: Mesh | None = None
     rules: Rules = STANDARD_RULES
 
-    def __call__(self, fn: Callable, *args, **kwargs) -> decoding.DecodeResult:
+    def __call__(self, fn: Callable, *args, **kwargs) -> DecodeResult:
         if self.mode == "data":
             return data_parallel_sample(fn, *args, **kwargs)
         if self.mode == "mesh":

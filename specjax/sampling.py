@@ -1,109 +1,178 @@
-"""Logits to probabilities, and the speculative acceptance rule.
+"""Logits to probabilities: temperature, top-k and top-p as per-row arrays, and drawing tokens.
 
-Legend for shapes (STYLE.md): ``b`` batch, ``v`` vocab, ``g`` gamma (draft tokens per iteration).
-``...`` is any leading batch shape.
+Legend for shapes (STYLE.md): ``b`` batch, ``v`` vocab, ``...`` any further dimensions (e.g. ``k`` window).
 
 Sources: Leviathan, Kalman & Matias 2023, "Fast Inference from Transformers via Speculative Decoding",
-Algorithm 1 and section 2.3 (the rule and its proof of exactness); Chen et al. 2023, "Accelerating Large
-Language Model Decoding with Speculative Sampling", Algorithm 2 (the same rule, written with ``max(0, q-p)``).
+section 2.3 (warping is applied to both the draft's ``p`` and the target's ``q``, so speculative sampling
+samples exactly from the warped target); Holtzman et al. 2020 (nucleus / top-p sampling); t5x
+``decoding.temperature_sample`` (temperature and top-k as arrays); vLLM / tpu-inference (per-request sampling
+parameters in one batch).
 
-Everything here works on **float32 probabilities**. The warping (temperature, top-k, top-p) is applied to
-both the draft's ``p`` and the target's ``q`` with the same ``Sampler``, so speculative sampling samples
-exactly from the target under that warping. Temperature 0 is the one-hot (argmax) limit.
+Sampling parameters are **traced arrays, one value per row** (``SamplingParams``), so one compiled program
+serves every temperature, top-k and top-p, and a batch may mix greedy rows (temperature 0) with sampled ones.
+Temperature 0 is the one-hot (argmax) limit of the same warping: ``probs`` returns a one-hot row there, and
+the speculative acceptance rule on one-hot p and q *is* greedy verification (``specjax.decoding.verify``), so
+greedy and sampled rows share one rule. Where every row of a call is greedy, the loops take a faster branch
+(argmax straight from the logits) chosen at run time by ``lax.cond``, not by recompiling.
+
+Everything works on **float32 probabilities**, computed from the very logits each token was drawn from.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-__all__ = ["Sampler", "acceptance_probability", "residual", "accept_or_resample", "validate_sampling"]
+__all__ = [
+    "SamplingParams", "Sampler", "warp", "sample_from", "sample_rows", "acceptance_probability", "residual",
+    "accept_or_resample", "validate_sampling",
+]
+
+
+def _is_tracer(x) -> bool:
+    return isinstance(x, jax.core.Tracer)
 
 
 def validate_sampling(temperature, top_k, top_p) -> None:
-    """Checks sampling settings in Python (before anything compiles).
+    """Checks sampling settings (scalars or per-row arrays) where their values are known.
+
+    Python, NumPy and JAX numbers of any int / float type are accepted; traced values (inside ``jax.jit``)
+    are not checked (t5x's ``_is_tracer`` pattern).
 
     Raises:
-      ValueError: ``temperature`` negative or not finite; ``top_k`` negative or not an int;
+      ValueError: ``temperature`` negative or not finite; ``top_k`` negative or not integral;
         ``top_p`` outside (0, 1]. The message names the setting and what to pass instead.
     """
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
-            or not math.isfinite(temperature) or temperature < 0:
+    def values(name, x):
+        if _is_tracer(x):
+            return None
+        if isinstance(x, (bool, np.bool_)) or (hasattr(x, "dtype") and np.asarray(x).dtype == bool):
+            raise ValueError(f"{name} must be a number or an array of numbers, got a bool {x!r}.")
+        try:
+            arr = np.asarray(x)
+        except Exception:  # pragma: no cover - exotic objects
+            raise ValueError(f"{name} must be a number or an array of numbers, got {x!r}.")
+        if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number)):
+            raise ValueError(f"{name} must be a number or an array of numbers, got {x!r}.")
+        return arr
+
+    t = values("temperature", temperature)
+    if t is not None and (not np.all(np.isfinite(t)) or np.any(t < 0)):
         raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}; use 0 for greedy "
                          "(argmax) decoding and 1 to sample from the model's own distribution.")
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+    k = values("top_k", top_k)
+    if k is not None and (np.any(k < 0) or not np.all(np.mod(k, 1) == 0)):
         raise ValueError(f"top_k must be an int >= 0, got {top_k!r}; use 0 to keep every token.")
-    if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not (0.0 < top_p <= 1.0):
+    p = values("top_p", top_p)
+    if p is not None and (not np.all(np.isfinite(p)) or np.any(p <= 0) or np.any(p > 1)):
         raise ValueError(f"top_p must be in (0, 1], got {top_p!r}; use 1.0 to keep every token "
                          "(nucleus sampling keeps the smallest set of tokens whose mass reaches top_p).")
 
 
-@dataclasses.dataclass(frozen=True)
-class Sampler:
-    """How logits become the distribution tokens are drawn from: temperature, then top-k, then top-p.
-
-    A frozen, hashable dataclass, so it can be a static argument of ``jax.jit``.
+class SamplingParams(NamedTuple):
+    """Per-row sampling parameters: a pytree of arrays, traced under ``jax.jit`` (never static).
 
     Attributes:
-      temperature: logits are divided by it; 0 means greedy (one-hot at the argmax, first index on ties).
-      top_k: keep the ``top_k`` largest logits (ties with the k-th largest are kept too); 0 keeps all.
-      top_p: nucleus sampling (Holtzman et al. 2020): keep the smallest set of most probable tokens whose
-        mass reaches ``top_p`` (ties with the last kept probability are kept too); 1.0 keeps all.
-    Raises:
-      ValueError: see ``validate_sampling``.
+      temperature: float32[b], >= 0; 0 is greedy (argmax, first index on ties).
+      top_k: int32[b], keep the ``top_k`` largest logits (ties with the k-th are kept); 0 keeps all.
+      top_p: float32[b] in (0, 1]; nucleus sampling (Holtzman et al. 2020) keeps the smallest set of most
+        probable tokens whose mass reaches ``top_p`` (ties kept); 1 keeps all.
     """
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
+    temperature: jax.Array
+    top_k: jax.Array
+    top_p: jax.Array
 
-    def __post_init__(self):
-        validate_sampling(self.temperature, self.top_k, self.top_p)
+    @classmethod
+    def broadcast(cls, batch: int, temperature=1.0, top_k=0, top_p=1.0) -> "SamplingParams":
+        """Scalars or [b] arrays (any int / float type, traced or not) -> ``SamplingParams`` of [b] arrays.
 
-    @property
-    def greedy(self) -> bool:
-        """True at temperature 0 (argmax decoding)."""
-        return self.temperature == 0
+        Raises:
+          ValueError: a value outside its range (when concrete, ``validate_sampling``) or an array whose
+            shape is neither a scalar nor [b].
+        """
+        validate_sampling(temperature, top_k, top_p)
+        out = []
+        for name, x, dtype in (("temperature", temperature, jnp.float32), ("top_k", top_k, jnp.int32),
+                               ("top_p", top_p, jnp.float32)):
+            shape = np.shape(x)
+            if shape not in ((), (batch,)):
+                raise ValueError(f"{name} must be a scalar or one value per row (shape ({batch},)), got shape "
+                                 f"{shape}.")
+            if _is_tracer(x) or isinstance(x, jax.Array):
+                out.append(jnp.broadcast_to(jnp.asarray(x).astype(dtype), (batch,)))
+            else:  # host values: build on the host, one transfer at the jit call
+                out.append(np.broadcast_to(np.asarray(x).astype(dtype), (batch,)))
+        return cls(*out)
 
     def probs(self, logits: jax.Array) -> jax.Array:
-        """Warped probabilities: logits [..., v] (any float dtype) -> float32 [..., v], rows summing to 1.
+        """Warped float32 probabilities of logits [b, ..., v] (any float dtype); see ``warp``."""
+        return warp(logits, self.temperature, self.top_k, self.top_p)
 
-        At temperature 0 the result is one-hot at ``argmax(logits)`` (top-k and top-p do not matter).
-        """
-        logits = jnp.asarray(logits).astype(jnp.float32)
-        vocab = logits.shape[-1]
-        if self.greedy:
-            return jax.nn.one_hot(jnp.argmax(logits, axis=-1), vocab, dtype=jnp.float32)
-        logits = logits / jnp.float32(self.temperature)
-        if 0 < self.top_k < vocab:
-            kth = jax.lax.top_k(logits, self.top_k)[0][..., -1:]  # [..., 1]
-            logits = jnp.where(logits >= kth, logits, -jnp.inf)
-        probs = jax.nn.softmax(logits, axis=-1)
-        if self.top_p < 1.0:
-            sorted_desc = -jnp.sort(-probs, axis=-1)  # [..., v]
-            mass_before = jnp.cumsum(sorted_desc, axis=-1) - sorted_desc
-            keep_sorted = mass_before < jnp.float32(self.top_p)  # the first (largest) is always kept
-            # The smallest kept probability; every token at least this probable is kept.
-            threshold = jnp.min(jnp.where(keep_sorted, sorted_desc, jnp.inf), axis=-1, keepdims=True)
-            probs = jnp.where(probs >= threshold, probs, 0.0)
-            probs = probs / jnp.sum(probs, axis=-1, keepdims=True)
-        return probs
+    def all_greedy(self) -> jax.Array:
+        """bool[]: every row is at temperature 0 (the loops then take the argmax branch)."""
+        return jnp.all(self.temperature == 0)
 
-    def sample(self, key: jax.Array, probs: jax.Array) -> jax.Array:
-        """One token per row from float32 ``probs`` [..., v] -> int32 [...]. Greedy: the argmax, no key used.
 
-        Zero-probability tokens are never drawn (log 0 = -inf).
-        """
-        return sample_from(key, probs, greedy=self.greedy)
+def _per_row(x, ndim):
+    """[b] -> [b, 1, ..., 1] with ``ndim`` dimensions in all."""
+    return jnp.reshape(x, x.shape + (1,) * (ndim - 1))
+
+
+def warp(logits: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
+    """Warped probabilities: temperature, then top-k, then top-p, each row with its own values.
+
+    Args:
+      logits: float[b, ..., v] (any float dtype; computed in float32).
+      temperature: float32[b] (0: one-hot at the argmax, whatever top-k / top-p say).
+      top_k: int32[b] (0 or >= v: no top-k). top_p: float32[b] in (0, 1] (1: no top-p).
+    Returns:
+      float32[b, ..., v], each distribution summing to 1. The top-k / top-p thresholds are found by one sort
+      of the scaled logits and applied as a logit threshold (so ties are kept and no rounding of sorted
+      probabilities can drop a kept token); the sort runs only when some row asks for it (``lax.cond``).
+    """
+    logits = jnp.asarray(logits).astype(jnp.float32)
+    nd, v = logits.ndim, logits.shape[-1]
+    greedy = temperature == 0
+    scaled = logits / _per_row(jnp.where(greedy, 1.0, temperature), nd)
+    k_eff = jnp.where((top_k > 0) & (top_k < v), top_k, v)  # [b]
+    filtered_rows = ~greedy & ((k_eff < v) | (top_p < 1.0))
+
+    def filtered(scaled):
+        sorted_desc = -jnp.sort(-scaled, axis=-1)  # [b, ..., v]
+        kth = jnp.take_along_axis(sorted_desc, jnp.broadcast_to(_per_row(k_eff - 1, nd),
+                                                                 sorted_desc.shape[:-1] + (1,)), axis=-1)
+        sorted_k = jnp.where(sorted_desc >= kth, sorted_desc, -jnp.inf)
+        sorted_probs = jax.nn.softmax(sorted_k, axis=-1)
+        mass_before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs
+        keep = mass_before < _per_row(top_p, nd)  # the largest is always kept (mass 0 < top_p)
+        nucleus = jnp.min(jnp.where(keep, sorted_k, jnp.inf), axis=-1, keepdims=True)
+        threshold = jnp.where(_per_row(top_p, nd) >= 1.0, kth, jnp.maximum(nucleus, kth))
+        return jnp.where(scaled >= threshold, scaled, -jnp.inf)
+
+    scaled = jax.lax.cond(jnp.any(filtered_rows), filtered, lambda s: s, scaled)
+    probs = jax.nn.softmax(scaled, axis=-1)
+    one_hot = jax.nn.one_hot(jnp.argmax(logits, axis=-1), v, dtype=jnp.float32)
+    return jnp.where(_per_row(greedy, nd), one_hot, probs)
 
 
 def sample_from(key: jax.Array, probs: jax.Array, greedy: bool = False) -> jax.Array:
-    """Draws int32 [...] from float32 probabilities [..., v]; ``greedy`` takes the argmax instead."""
+    """Draws int32 [...] from float32 probabilities [..., v] with one key; ``greedy`` takes the argmax.
+
+    Zero-probability tokens are never drawn (log 0 = -inf), so a one-hot row always yields its token.
+    """
     if greedy:
         return jnp.argmax(probs, axis=-1).astype(jnp.int32)
     return jax.random.categorical(key, jnp.log(probs), axis=-1).astype(jnp.int32)
+
+
+def sample_rows(keys: jax.Array, probs: jax.Array) -> jax.Array:
+    """One token per row, each row with its own key: keys uint32[b, 2], probs float32[b, v] -> int32[b]."""
+    return jax.vmap(sample_from)(keys, probs)
 
 
 def acceptance_probability(p_x: jax.Array, q_x: jax.Array) -> jax.Array:
@@ -133,40 +202,63 @@ def residual(p: jax.Array, q: jax.Array) -> jax.Array:
 
 def accept_or_resample(key: jax.Array, draft_tokens: jax.Array, p: jax.Array, q: jax.Array,
                        greedy: bool = False) -> tuple[jax.Array, jax.Array]:
-    """The verification step of one row: how many drafted tokens are kept, and the token after them.
+    """Token verification of one row (Leviathan et al. 2023, Algorithm 1): accepted count and next token.
 
-    Draft token ``x_i`` is accepted while ``r_i < min(1, q_i(x_i) / p_i(x_i))`` with ``r_i ~ U[0, 1)``
-    (tested as ``r_i * p_i(x_i) < q_i(x_i)``); at the first rejection ``i`` the next token is drawn from
-    ``residual(p_i, q_i)``; if all ``g`` are accepted, from ``q_{g+1}`` (the bonus token). Leviathan et al.
-    2023, Algorithm 1; the emitted token has distribution ``q`` (their Theorem / section 2.3).
-
-    At temperature 0 (``greedy``; p and q one-hot) this is: accept while ``argmax q_i == x_i``, then emit
-    ``argmax q`` at the first mismatch (or the bonus argmax), which is exactly target-greedy decoding.
+    A one-row view of ``specjax.decoding.verify.TokenVerifier`` (the rule the loop runs): ``x_i`` is
+    accepted while ``r_i < min(1, q_i(x_i) / p_i(x_i))``; at the first rejection the next token is drawn from
+    ``residual(p_i, q_i)``, and after ``g`` acceptances from ``q_{g+1}`` (the bonus token). With one-hot
+    ``p`` and ``q`` (temperature 0, ``greedy``) this is: accept while ``argmax q_i == x_i``, then emit the
+    target's argmax.
 
     Args:
       key: one PRNG key for this row (unused when ``greedy``).
-      draft_tokens: int32 [g], the drafted tokens ``x_1..x_g``.
-      p: float32 [g, v], the draft distributions each ``x_i`` was drawn from.
-      q: float32 [g + 1, v], the target distributions at the same positions plus the bonus position.
-      greedy: temperature 0.
+      draft_tokens: int32 [g]; p: float32 [g, v] (the distributions they were drawn from);
+      q: float32 [g + 1, v]; greedy: temperature 0 (p and q are then read as one-hots at their argmax).
     Returns:
-      (num_accepted int32 [] in [0, g], next_token int32 []). The row emits
-      ``x_1..x_{num_accepted}`` then ``next_token``.
+      (num_accepted int32 [] in [0, g], next_token int32 []).
     """
-    g = draft_tokens.shape[0]
-    key_accept, key_next = jax.random.split(key)
-    p_x = jnp.take_along_axis(p, draft_tokens[:, None], axis=-1)[:, 0]  # [g]
-    q_x = jnp.take_along_axis(q[:g], draft_tokens[:, None], axis=-1)[:, 0]  # [g]
+    from specjax.decoding.verify import token_verify  # the one implementation of the rule
     if greedy:
-        accepted = jnp.argmax(q[:g], axis=-1) == draft_tokens  # [g]
-    else:
-        r = jax.random.uniform(key_accept, (g,), jnp.float32)
-        accepted = r * p_x < q_x  # r < q/p without dividing; p_x > 0 for drawn tokens
-    num_accepted = jnp.sum(jnp.cumprod(accepted.astype(jnp.int32)))
-    # Rejected at position num_accepted (< g): residual of that position; all accepted: q_{g+1}.
-    p_pad = jnp.concatenate([p, jnp.zeros_like(p[:1])], axis=0)  # [g + 1, v]; p = 0 at the bonus slot
-    p_a = p_pad[num_accepted]
-    q_a = q[num_accepted]
-    next_dist = jnp.where(num_accepted < g, residual(p_a, q_a), q_a)
-    next_token = sample_from(key_next, next_dist, greedy=greedy)
-    return num_accepted.astype(jnp.int32), next_token
+        v = q.shape[-1]
+        q = jax.nn.one_hot(jnp.argmax(q, -1), v, dtype=jnp.float32)
+        p = jax.nn.one_hot(draft_tokens, v, dtype=jnp.float32)
+    num_accepted, next_token, _ = token_verify(key[None], draft_tokens[None], p[None], q[None])
+    return num_accepted[0], next_token[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampler:
+    """Scalar warping settings with the same ``probs`` as the loops use (for tests, notebooks, references).
+
+    The loops take per-row arrays (``SamplingParams``); a ``Sampler`` is the same warping for one setting.
+
+    Attributes:
+      temperature: >= 0 (0: greedy). top_k: >= 0 (0: all). top_p: in (0, 1] (1: all).
+    Raises:
+      ValueError: see ``validate_sampling``.
+    """
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self):
+        if isinstance(self.top_k, float) and not math.isfinite(self.top_k):
+            raise ValueError(f"top_k must be an int >= 0, got {self.top_k!r}.")
+        validate_sampling(self.temperature, self.top_k, self.top_p)
+
+    @property
+    def greedy(self) -> bool:
+        """True at temperature 0 (argmax decoding)."""
+        return self.temperature == 0
+
+    def probs(self, logits) -> jax.Array:
+        """float[..., v] -> float32[..., v] warped probabilities (``warp`` with this setting on every row)."""
+        logits = jnp.asarray(logits)
+        flat = logits.reshape((-1, logits.shape[-1]))
+        b = flat.shape[0]
+        params = SamplingParams.broadcast(b, self.temperature, self.top_k, self.top_p)
+        return warp(flat, *params).reshape(logits.shape)
+
+    def sample(self, key, probs) -> jax.Array:
+        """One token per row from float32 ``probs`` [..., v] -> int32 [...]; greedy: the argmax, no key used."""
+        return sample_from(key, probs, greedy=self.greedy)

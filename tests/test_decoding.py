@@ -145,7 +145,11 @@ def test_counters_and_eos_mid_window_with_hand_made_logits():
     r = speculative_sample(target, draft, x, rng=0, gamma=5, max_decode_length=10, temperature=0)
     assert r.sequences[0].tolist() == base.sequences[0].tolist()
     assert (r.lengths[0], r.num_target_calls[0], r.num_draft_tokens[0], r.num_accepted[0]) == (6, 2, 8, 5)
-    assert r.tokens_per_target_call == 3.0 and r.acceptance_rate == 5 / 8
+    assert r.tokens_per_target_call == 3.0 and r.accepted_fraction == 5 / 8
+    # The paper's alpha: verified positions are the accepted ones and the first rejected one (beta 1, 1, 0
+    # in iteration 1; 1, 1, 1 in iteration 2, the drafts after the drafted EOS never verified).
+    assert r.acceptance_rate == 5 / 6 and r.num_verified[0] == 6
+    np.testing.assert_array_equal(r.accepted_per_position[0], [2, 2, 1, 0, 0])
     # Also when sampling (temperature 1, near one-hot): the EOS ends the row mid-window.
     r = speculative_sample(target, target, np.tile(x, (8, 1)), rng=1, gamma=5, max_decode_length=10)
     assert np.all(r.sequences == base.sequences) and np.all(r.num_target_calls == 1)
@@ -373,11 +377,15 @@ def test_a_row_alone_equals_the_row_in_a_batch(t5_pair, t5_inputs):
 
 def test_decode_result_properties():
     r = DecodeResult(np.zeros((2, 3), np.int32), np.array([3, 1]), np.array([2, 1]), np.array([4, 2]),
-                     np.array([3, 0]))
-    assert r.acceptance_rate == 0.5 and r.tokens_per_target_call == 4 / 3
+                     np.array([3, 0]), np.array([2.5, 0.5], np.float32), np.array([4, 1]),
+                     np.array([[2, 1], [0, 0]]))
+    assert r.accepted_fraction == 0.5 and r.tokens_per_target_call == 4 / 3
+    assert r.acceptance_rate == 3.0 / 5 and r.mean_accepted_length == 1.0
+    np.testing.assert_allclose(r.row_acceptance_rates, [0.625, 0.5])
+    np.testing.assert_allclose(r.acceptance_by_position, [2 / 3, 1 / 3])
 
 
-def test_truncate_cuts_long_inputs_and_keeps_eos(t5_pair, t5_inputs):
+def test_truncate_cuts_long_batches_and_keeps_eos(t5_pair, t5_inputs):
     target, draft = t5_pair
     long = np.concatenate([t5_inputs, np.zeros((B, 3), np.int32)], axis=1)
     long[0] = [3, 4, 5, 6, 7, 8, 9, 10, 1]  # 9 tokens: cut to 6, ending in EOS
@@ -397,8 +405,8 @@ def test_truncate_cuts_long_inputs_and_keeps_eos(t5_pair, t5_inputs):
 def no_compile(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("compiled before validating")
-    monkeypatch.setattr(decoding, "_speculative_jit", fail)
-    monkeypatch.setattr(decoding, "_baseline_jit", fail)
+    monkeypatch.setattr(decoding.loop, "_speculative_jit", fail)
+    monkeypatch.setattr(decoding.baseline, "_baseline_jit", fail)
 
 
 @pytest.mark.parametrize("change,match", [

@@ -1,0 +1,25 @@
+"""The decode loops: ``temperature_sample`` (the target alone) and ``speculative_sample`` (draft + target).
+
+Modules, each owning one thing (data flows down this list):
+  inputs.py    validation, truncation, keys, ``DecodeConfig`` (the static part), batching for callers
+  model.py     ``DecodingModel``: the model as the loops see it (no model imported here)
+  drafts.py    draft sources: a draft model (``ModelDraft``)
+  verify.py    verifiers: token (Leviathan et al. 2023, Algorithm 1)
+  loop.py      the speculative while loop: draft → verify → accept → commit
+  baseline.py  ``temperature_sample``
+  result.py    ``DecodeResult`` (a pytree), the paper's α, tokens per call, per-position counts
+"""
+
+from specjax.decoding.baseline import lower_temperature_sample, temperature_sample
+from specjax.decoding.drafts import DraftSource, ModelDraft
+from specjax.decoding.inputs import DecodeConfig
+from specjax.decoding.loop import lower_speculative_sample, speculative_sample
+from specjax.decoding.model import DecodingModel, as_decoding_model
+from specjax.decoding.result import DecodeResult
+from specjax.decoding.verify import Proposal, TokenVerifier, Verdict
+
+__all__ = [
+    "DecodeConfig", "DecodeResult", "DecodingModel", "DraftSource", "ModelDraft", "Proposal", "TokenVerifier",
+    "Verdict", "as_decoding_model", "lower_speculative_sample", "lower_temperature_sample", "speculative_sample",
+    "temperature_sample",
+]
