@@ -7,6 +7,9 @@
 - The experiment files in ``configs/`` parse (twelve paper rows with the paper's numbers).
 - transformers assisted generation against specjax speculative_sample on a tiny random pair with the same
   weights: greedy tokens equal, token for token.
+- The profile reader on a jitted loop of known trip count and named scopes: iterations and per-scope time.
+- CTranslate2 (converted with its own converter) against specjax on a tiny random target: greedy tokens equal.
+- benchmarks/goals.py reads a bench results.json.
 """
 
 from __future__ import annotations
@@ -80,13 +83,16 @@ def test_bench_markdown_table(bench_run):
     lines = [l for l in (out / "table.md").read_text().splitlines() if l.startswith("|")]
     header = [c.strip() for c in lines[0].strip("|").split("|")]
     assert header[:6] == ["task", "draft", "temp", "γ", "α", "speedup"]  # the paper's Table 2 layout
-    for col in ("expected (theory)", "measured/expected", "c", "tokens/call", "paper α", "quality (spec)"):
+    for col in ("expected (theory)", "measured/expected", "c", "tokens/call", "paper α", "quality (spec)",
+                "accepted fraction", "mean accepted length", "accepted per position", "α source"):
         assert col in header
     body = [[c.strip() for c in l.strip("|").split("|")] for l in lines[2:]]
     assert len(body) == 4  # 2 temperatures x 2 γ
     assert sorted((r[2], r[3]) for r in body) == [("0", "1"), ("0", "2"), ("1", "1"), ("1", "2")]
+    af = header.index("accepted fraction")
     for r in body:
         assert 0.0 <= float(r[4]) <= 1.0
+        assert 0.0 <= float(r[af]) <= 1.0
         assert math.isfinite(float(r[5].rstrip("x"))) and float(r[5].rstrip("x")) > 0
         assert r[-2].startswith("bleu=")
     assert "jax " in (out / "table.md").read_text()
@@ -99,17 +105,35 @@ def test_bench_csv_and_json(bench_run):
     assert len(rows) == 4
     assert set(bench.CSV_COLUMNS) <= set(rows[0])
     for r in rows:
-        for key in ("alpha", "speedup", "c", "expected_improvement", "speedup_over_expected", "tokens_per_call",
+        for key in ("alpha", "accepted_fraction", "mean_accepted_length", "alpha_from_tokens", "speedup", "c", "expected_improvement", "speedup_over_expected", "tokens_per_call",
                     "expected_tokens_per_call", "spec_tokens_per_s", "base_tokens_per_s", "spec_compile_seconds",
                     "draft_step_ms", "target_window_ms"):
             assert math.isfinite(float(r[key])), key
         assert 1.0 <= float(r["tokens_per_call"]) <= int(r["gamma"]) + 1
+        # tokens per call = 1 + accepted per iteration for rows never cut by EOS or the length budget.
+        assert float(r["mean_accepted_length"]) <= float(r["tokens_per_call"]) - 1 + 1e-9
+        assert r["alpha_source"] in ("loop", "tokens_per_call")
         assert r["backend"] == jax.default_backend() and int(r["device_count"]) >= 1 and r["jax"] == jax.__version__
         if float(r["temperature"]) == 0:
             assert r["greedy_identical"] == "True"  # speculative == target-greedy, token for token
     results = json.loads((out / "results.json").read_text())
     assert len(results["records"][0]["alpha_rows"]) == 3  # α per input
-    assert "speedup_t0_b1" in results["goals"]
+    for rec in results["records"]:
+        if rec["accepted_per_position"] is not None:  # how often draft position i was accepted
+            assert len(rec["accepted_per_position"]) == rec["gamma"]
+            # Position i+1 is tested only after position i was accepted.
+            assert all(a >= b for a, b in zip(rec["accepted_per_position"], rec["accepted_per_position"][1:]))
+
+
+def test_goals_script_reads_results(bench_run):
+    import subprocess
+    import sys
+
+    out, _ = bench_run
+    run = subprocess.run([sys.executable, str(REPO / "benchmarks" / "goals.py"), str(out / "results.json")],
+                         capture_output=True, text=True, check=True)
+    assert "speculative / temperature_sample (T=0, batch 1, best γ)" in run.stdout
+    assert "(T=1, batch 1, best γ)" in run.stdout
 
 
 def test_bench_pngs(bench_run):
@@ -121,9 +145,78 @@ def test_bench_pngs(bench_run):
 
 def test_bench_profile(bench_run):
     _, prof = bench_run
-    text = (prof / "profile.txt").read_text()
-    for piece in ("draft step", "target window", "accept + resample", "target encode", "iteration (measured)"):
-        assert piece in text
+    text = (prof / "profile.md").read_text()
+    for piece in ("**speculative**", "**baseline**", "thunks per iteration", "fixed per-call cost", "GB/s memory",
+                  "GFLOP/s matmul", "| verify |", "| draft |", "| accept |"):
+        assert piece in text, piece
+    data = json.loads((prof / "profile.json").read_text())
+    (p,) = data["profiles"]
+    spec, base = p["speculative"], p["baseline"]
+    assert spec["iterations"] >= 1 and base["iterations"] >= 1
+    # The loop's thunk time is attributed to its scopes: draft, verify and accept all ran.
+    for scope in ("draft", "verify", "accept"):
+        assert spec["scope_ms_per_iteration"][scope] > 0
+    assert base["scope_ms_per_iteration"]["step"] > 0
+    assert spec["thunks_per_iteration"] > base["thunks_per_iteration"] > 0
+
+
+def test_profile_reader_on_a_known_loop():
+    """A jitted loop of 7 iterations, each a "draft" matmul in a nested loop of 3 and a "verify" matmul."""
+    import jax.numpy as jnp
+
+    from specjax.bench import profile
+
+    @jax.jit
+    def f(x, w):
+        with jax.named_scope("encode"):
+            x = jnp.tanh(x @ w)
+
+        def body(i, x):
+            with jax.named_scope("draft"):
+                x = jax.lax.fori_loop(0, 3, lambda j, y: jnp.tanh(y @ w + j), x)
+            with jax.named_scope("verify"):
+                x = jnp.tanh(x @ w.T + i)
+            return x
+
+        return jax.lax.fori_loop(0, 7, body, x)
+
+    x = jnp.ones((64, 256), jnp.float32)
+    w = jnp.full((256, 256), 0.01, jnp.float32)
+    calls = []
+    p = profile.profile_calls(lambda j: calls.append(j) or f(x, w).block_until_ready(), 2)
+    assert calls == [0, 0, 1, 0, 1]  # warm-up, two untraced, two traced
+    assert p.calls == 2 and p.iterations == 14  # 7 iterations per call
+    assert set(p.scope_ms_per_iteration) >= {"draft", "verify"}
+    assert all(v > 0 for v in p.scope_ms_per_iteration.values())
+    assert p.outside_loop_ms.get("encode", 0) > 0
+    # Three draft matmuls per iteration against one verify matmul of the same size.
+    assert p.scope_ms_per_iteration["draft"] > p.scope_ms_per_iteration["verify"]
+    assert p.thunks_per_iteration >= 3
+
+
+def test_protobuf_wire_reader():
+    from specjax.bench.profile import _fields, _packed
+
+    # field 1 varint 150 (the protobuf docs' example), field 2 string "hi", field 38 packed [3, 270]
+    msg = bytes([0x08, 0x96, 0x01, 0x12, 0x02]) + b"hi" + bytes([0xB2, 0x02, 0x03, 0x03, 0x8E, 0x02])
+    d = _fields(msg)
+    assert d[1] == [150] and d[2] == [b"hi"] and _packed(d[38]) == [3, 270]
+
+
+def test_model_costs_count_decoder_weights():
+    from specjax.bench.profile import model_costs
+
+    target, _ = _tiny_pair(96)
+    c = model_costs(target)
+    cfg = target.config
+    d, f, L, v = cfg.d_model, cfg.mlp_dim, cfg.num_decoder_layers, cfg.vocab_size
+    hd = cfg.num_heads * cfg.head_dim
+    # Per layer: self-attention q, k, v, o; cross-attention q, o (k, v depend on the encoder only);
+    # gated MLP wi_0, wi_1, wo; then the logits projection (untied) or the embedding (tied).
+    per_layer = 4 * d * hd + 2 * d * hd + 3 * d * f
+    expected = L * per_layer + (d * v)  # the logits projection: untied kernel or the tied embedding
+    assert c["flops_per_token"] == 2 * expected
+    assert c["step_weight_bytes"] == 4 * expected
 
 
 def test_experiment_files_parse():
@@ -159,4 +252,26 @@ def test_transformers_assisted_greedy_equals_specjax():
     assert g["matches_assisted"] == len(rows), g["mismatches"]
     assert g["matches_plain"] == len(rows), g["mismatches"]
     assert g["specjax_spec_tokens"] == g["hf_assisted_tokens"] > 0
-    assert math.isfinite(g["hf_assisted_over_specjax_spec"]) and 0.0 <= g["specjax_alpha"] <= 1.0
+    assert math.isfinite(g["hf_assisted_over_specjax_spec"]) and 0.0 <= g["specjax_accepted_fraction"] <= 1.0
+    assert g["specjax_alpha"] is None or 0.0 <= g["specjax_alpha"] <= 1.0
+
+
+def test_ctranslate2_greedy_equals_specjax(tmp_path):
+    pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (pip install 'specjax[bench]')")
+    pytest.importorskip("transformers")
+    from specjax.bench import peers
+
+    target, draft = _tiny_pair(96, noise=0.1)
+    rows = [[5, 9, 23, 17, 1], [12, 80, 33, 2, 90, 4, 5, 1], [7, 7, 40, 1]]
+    r = peers.compare_with_ctranslate2(target, draft, rows, gammas=(2,), max_decode_length=8, batch_sizes=(1, 2),
+                                       compute_types=("float32", "int8"), threads=(1,), workdir=str(tmp_path))
+    by = {(x["batch_size"], x["method"]): x for x in r["records"]}
+    for bs in (1, 2):
+        # Same weights, float32, greedy: CTranslate2's tokens equal specjax's, line for line.
+        assert by[(bs, "ctranslate2 float32 1 thread")]["identical"] == len(rows)
+        assert by[(bs, "specjax speculative γ=2")]["identical"] == len(rows)
+        assert by[(bs, "ctranslate2 float32 1 thread")]["tokens"] == by[(bs, "specjax temperature_sample")]["tokens"] > 0
+        assert 0 <= by[(bs, "ctranslate2 int8 1 thread")]["identical"] <= len(rows)
+        assert all(math.isfinite(x["tokens_per_s"]) and x["tokens_per_s"] > 0 for x in r["records"])
+        assert r["best"][bs]["method"] == "specjax speculative γ=2"
+    assert "| ctranslate2 int8 1 thread |" in peers.format_ctranslate2(r).replace(" (best)", "")

@@ -434,6 +434,9 @@ def model_costs(model) -> dict:
         if "decoder" in keys and len(x.shape) >= 2 and not cross_kv and "relpos_bias" not in keys:
             step += nbytes
             step_params += int(np.prod(x.shape))
+        elif getattr(model.config, "logits_via_embedding", False) and "embedding" in keys and "decoder" not in keys:
+            step += nbytes  # tied embedding: the logits projection reads all of it
+            step_params += int(np.prod(x.shape))
     return {"param_bytes": total, "step_weight_bytes": step, "flops_per_token": 2 * step_params}
 
 

@@ -5,8 +5,12 @@ or from the command line (``--target/--draft/--tokenizer/--input``; with neither
 on Multi30k test 2016). Every row is measured at each γ and batch size: speculative_sample and
 temperature_sample on the same inputs, alternating, after compilation (compile time reported apart).
 Writes ``table.md``, ``table.csv``, ``results.json``, ``alpha_vs_gamma.png`` and ``speedup_vs_gamma.png``
-to ``--out``; ``--profile`` adds ``profile.txt``; ``--hf`` adds ``hf_compare.md/json`` and
-``scaling.md/json``; ``goals.md`` holds the ratios the project's goals are stated in.
+to ``--out``. ``--profile`` traces the real compiled decode (``jax.profiler``) and writes ``profile.md/json``:
+per loop iteration the time in each named scope, thunks per iteration, the fixed per-call cost, beside this
+machine's memory bandwidth and matmul throughput (``--profile-only`` skips the table). ``--against
+ctranslate2`` writes ``ctranslate2.md/json`` (the target converted by CTranslate2's converter, float32 and
+int8, 1 and 2 threads, against temperature_sample and speculative_sample, greedy). ``--hf`` adds
+``hf_compare.md/json`` and ``scaling.md/json`` (transformers).
 """
 
 from __future__ import annotations
@@ -52,8 +56,17 @@ def add_parser(sub) -> None:
     out.add_argument("--no-quality", action="store_true", help="skip BLEU/ROUGE")
     out.add_argument("--no-plots", action="store_true")
     out.add_argument("--profile", action="store_true",
-                     help="time the pieces (encode, draft step, target window, accept) and print where the time goes")
-    hf = p.add_argument_group("transformers side by side")
+                     help="trace the compiled decode with jax.profiler: ms per iteration per named scope, thunks per "
+                          "iteration, fixed per-call cost, beside measured memory bandwidth and matmul throughput")
+    out.add_argument("--profile-only", action="store_true", help="only the profile (no table)")
+    out.add_argument("--profile-calls", type=int, default=4,
+                     help="decode calls (batches) traced per profile (default 4)")
+    peers = p.add_argument_group("peers side by side")
+    peers.add_argument("--against", choices=["ctranslate2"], action="append", default=[],
+                       help="ctranslate2: the target converted by CTranslate2 (float32, int8; 1 and 2 threads) against "
+                            "specjax temperature_sample and speculative_sample (each --gammas), greedy, at each "
+                            "--batch-sizes, on the first row's inputs (pip install 'specjax[bench]')")
+    hf = peers
     hf.add_argument("--hf", action="store_true",
                     help="also run transformers assisted/plain generate on the first row's pair and inputs "
                          "(CPU, float32, batch 1), check greedy tokens, and measure batch scaling")
@@ -96,7 +109,7 @@ def _rows(args):
         if args.input:
             inp, refs = args.input, args.references
         else:
-            inp, _ = demo_sentences()
+            _, inp = demo_sentences()
             ref = inp[:-3] + ".de" if inp.endswith(".en") else None
             refs = args.references or (ref if ref and os.path.exists(ref) else None)
         metric = None if args.metric == "none" else (args.metric or "bleu")
@@ -207,7 +220,7 @@ def run(args: argparse.Namespace) -> int:
 
     from specjax import bench
 
-    for name in ("num_inputs", "max_decode_length", "max_input_length", "hf_inputs"):
+    for name in ("num_inputs", "max_decode_length", "max_input_length", "hf_inputs", "profile_calls"):
         v = getattr(args, name)
         if v is not None and v < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {v}.")
@@ -221,7 +234,7 @@ def run(args: argparse.Namespace) -> int:
           f"{len(rows)} rows -> {args.out}", file=sys.stderr)
     records, hf_result, scaling = [], None, None
 
-    if not args.hf_only:
+    if not (args.hf_only or args.profile_only):
         def count(r):
             n = min(r.num_inputs, len(bench.read_lines(r.input, r.num_inputs)))
             return sum(-(-n // b) for b in args.batch_sizes) * len(r.gammas) * args.repeats
@@ -238,7 +251,9 @@ def run(args: argparse.Namespace) -> int:
                                      on_batch=lambda: bar.update(1))
                 for x in recs:
                     tqdm.write(f"{x['task']:>10} {x['draft']:>12} T={x['temperature']:g} γ={x['gamma']} "
-                               f"b={x['batch_size']}: α={x['alpha']:.3f} speedup {x['speedup']:.2f}x "
+                               f"b={x['batch_size']}: α={x['alpha']:.3f} ({x['alpha_source']}), accepted fraction "
+                               f"{x['accepted_fraction']:.3f}, mean accepted length {x['mean_accepted_length']:.2f}, "
+                               f"speedup {x['speedup']:.2f}x "
                                f"(theory {x['expected_improvement']:.2f}x, c={x['c']:.3f})", file=sys.stderr)
                 records += recs
         md = bench.format_markdown(records)
@@ -249,27 +264,62 @@ def run(args: argparse.Namespace) -> int:
             bench.plot_records(records, args.out)
         print(md)
 
-    if args.profile and records:
-        texts = []
+    profiles = ct2 = None
+    if args.profile or args.profile_only:
+        from specjax.bench import profile
+
+        limits = profile.machine_limits()
+        print(f"machine: memory {limits['memory_gb_s']:.1f} GB/s, cache-sized copy {limits['cache_gb_s']:.1f} GB/s, "
+              f"matmul {limits['matmul_gflop_s']:.1f} GFLOP/s", file=sys.stderr)
+        profiles, texts = [], []
         for r in rows:
             target, draft = loader.model(r.target_path), loader.model(r.draft_path)
-            ids = bench.encode_inputs(loader.tokenizer(r.tokenizer), bench.read_lines(r.input, args.batch_sizes[0]
-                                      if len(args.batch_sizes) else 1), r.prefix, r.max_input_length)
-            x = bench.pad_batches(ids, batch_size=args.batch_sizes[0], pad_id=target.config.pad_id)[0]
-            for g in r.gammas:
-                pieces = bench.profile_pieces(target, draft, x, gamma=g, temperature=r.temperature)
-                match = [m for m in records if (m["task"], m["draft"], m["temperature"], m["gamma"],
-                                                m["batch_size"]) == (r.task, r.draft, r.temperature, g,
-                                                                     args.batch_sizes[0])]
-                head = f"{r.task} {r.draft} T={r.temperature:g} batch {args.batch_sizes[0]}"
-                texts.append(head + "\n" + bench.format_profile(pieces, g, match[0]["iteration_ms"] / 1e3
-                                                                if match else None))
-                print(texts[-1] + "\n")
-        with open(os.path.join(args.out, "profile.txt"), "w", encoding="utf-8") as f:
-            f.write("\n\n".join(texts) + "\n")
+            ids = bench.encode_inputs(loader.tokenizer(r.tokenizer), bench.read_lines(r.input, r.num_inputs),
+                                      r.prefix, r.max_input_length)
+            for bs in args.batch_sizes:
+                batches = bench.pad_batches(ids, batch_size=bs, pad_id=target.config.pad_id)[:args.profile_calls]
+                for g in r.gammas:
+                    rep = profile.profile_decode(target, draft, batches, gamma=g, temperature=r.temperature,
+                                                 max_decode_length=r.max_decode_length, seed=args.seed, limits=limits)
+                    rep.update(task=r.task, target=r.target, draft=r.draft)
+                    profiles.append(rep)
+                    texts.append(f"{r.task}, target {r.target}, draft {r.draft}: " + profile.format_profile(rep)
+                                 .replace("### ", "", 1))
+                    print(texts[-1], file=sys.stderr)
+        env_line = (f"jax {env['jax']}, backend {env['backend']}, {env['device_count']} x {env['device_kind']}; "
+                    f"machine: memory {limits['memory_gb_s']:.1f} GB/s (NumPy copy of "
+                    f"{limits['copy_bytes'] >> 20} MiB, read + write), {limits['cache_gb_s']:.1f} GB/s "
+                    f"({limits['cache_bytes'] >> 20} MiB), matmul {limits['matmul_gflop_s']:.1f} GFLOP/s "
+                    f"(jitted float32 {limits['matmul_n']}²)")
+        with open(os.path.join(args.out, "profile.md"), "w", encoding="utf-8") as f:
+            f.write("# Profile of the compiled decode (`specjax bench --profile`)\n\n" + env_line + "\n\ncommand: `"
+                    + " ".join(["specjax"] + sys.argv[1:]) + "`\n\n" + "\n\n".join("### " + t for t in texts) + "\n")
+        with open(os.path.join(args.out, "profile.json"), "w", encoding="utf-8") as f:
+            json.dump({"environment": env, "limits": limits, "profiles": profiles}, f, indent=1, default=float)
+
+    if args.against:
+        from specjax.bench import peers
+
+        r = rows[0]
+        target, draft = loader.model(r.target_path), loader.model(r.draft_path)
+        ids = bench.encode_inputs(loader.tokenizer(r.tokenizer), bench.read_lines(r.input, r.num_inputs), r.prefix,
+                                  r.max_input_length)
+        steps = sum(-(-len(ids) // b) for b in args.batch_sizes) * args.repeats
+        with tqdm(total=steps, desc="ctranslate2 side by side", unit="batch", file=sys.stderr) as bar:
+            ct2 = peers.compare_with_ctranslate2(target, draft, ids, gammas=r.gammas,
+                                                 max_decode_length=r.max_decode_length, batch_sizes=args.batch_sizes,
+                                                 repeats=args.repeats, seed=args.seed,
+                                                 workdir=os.path.join(args.out, "ct2_export"),
+                                                 on_step=lambda: bar.update(1))
+        text = peers.format_ctranslate2(ct2)
+        print(text)
+        with open(os.path.join(args.out, "ctranslate2.md"), "w", encoding="utf-8") as f:
+            f.write(text)
+        with open(os.path.join(args.out, "ctranslate2.json"), "w", encoding="utf-8") as f:
+            json.dump(ct2, f, indent=1, default=float)
 
     if args.hf or args.hf_only:
-        from specjax import hf_compare
+        from specjax.bench import peers as hf_compare
 
         r = rows[0]
         target, draft = loader.model(r.target_path), loader.model(r.draft_path)
@@ -296,13 +346,8 @@ def run(args: argparse.Namespace) -> int:
             with open(os.path.join(args.out, f"{name}.md"), "w", encoding="utf-8") as f:
                 f.write(txt)
 
-    goals = bench.goal_ratios(records, hf_result, scaling)
-    gtext = bench.format_goals(goals)
-    print(gtext)
-    with open(os.path.join(args.out, "goals.md"), "w", encoding="utf-8") as f:
-        f.write(gtext + "\n")
     with open(os.path.join(args.out, "results.json"), "w", encoding="utf-8") as f:
-        json.dump({"command": sys.argv, "environment": env, "records": records, "goals": goals,
-                   "hf_compare": hf_result, "scaling": scaling}, f, indent=1,
+        json.dump({"command": sys.argv, "environment": env, "records": records, "hf_compare": hf_result,
+                   "scaling": scaling, "ctranslate2": ct2, "profiles": profiles}, f, indent=1,
                   default=lambda o: float(o) if isinstance(o, (np.floating, np.integer)) else str(o))
     return 0
