@@ -41,8 +41,13 @@ def import_seqio():
     """``import seqio``; ModuleNotFoundError naming the extra to install when it is absent."""
     try:
         import seqio
+        import tensorflow as tf
     except ImportError as e:
         raise ModuleNotFoundError(f"seqio is not installed ({e}); {INSTALL_HINT}.") from e
+    try:  # as t5x does: TensorFlow only reads data, JAX keeps the accelerators' memory
+        tf.config.set_visible_devices([], "GPU")
+    except (RuntimeError, ValueError):  # already initialised
+        pass
     return seqio
 
 

@@ -34,7 +34,8 @@ def add_parser(sub) -> None:
                     "already in --output. Prints acceptance rate, tokens per target call and tokens/second.")
     p.add_argument("--target", help="target checkpoint (T5X or Hugging Face); default: the embedded pair")
     p.add_argument("--draft", help="draft checkpoint; default: the embedded pair's draft")
-    p.add_argument("--input", required=True, help="input text file, one input per line, or - for stdin")
+    p.add_argument("--input", help="input text file, one input per line, or - for stdin (required unless "
+                                    "--seqio-task)")
     p.add_argument("--output", required=True,
                    help="output text file (appended to: an existing file is resumed), or - for stdout")
     p.add_argument("--tokenizer",
@@ -55,6 +56,14 @@ def add_parser(sub) -> None:
     p.add_argument("--mesh", metavar="data:N,model:M",
                    help="one program over a device mesh: batch over 'data', the target's weights split over "
                         "'model' (for targets larger than one device, e.g. T5-XXL); N*M = device count")
+    seqio = p.add_argument_group("seqio (pip install 'specjax[seqio]')")
+    seqio.add_argument("--seqio-task", metavar="NAME",
+                       help="decode this registered seqio Task's --split instead of --input, and print its metrics")
+    seqio.add_argument("--seqio-module", metavar="MODULE", action="append", default=[],
+                       help="module (or .py file) to import first, which registers the Task (as t5x's "
+                            "MIXTURE_OR_TASK_MODULE); repeatable")
+    seqio.add_argument("--split", default="validation", help="the Task's split to decode (default validation)")
+    seqio.add_argument("--num-examples", type=int, default=None, help="decode only the split's first N examples")
     p.set_defaults(func=run)
 
 
@@ -124,6 +133,11 @@ def _validate(args):
 
 def run(args: argparse.Namespace) -> int:
     """Decodes every not-yet-written input line; returns 0. Raises ValueError/FileNotFoundError on bad input."""
+    if args.seqio_task:
+        from specjax.cli import seqio_generate
+        return seqio_generate.run(args)
+    if not args.input:
+        raise ValueError("--input FILE is required (or --seqio-task NAME to decode a seqio Task's split).")
     _validate(args)
     import jax
     from specjax import parallel
