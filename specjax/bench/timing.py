@@ -203,12 +203,10 @@ def measure_pair(target, draft, batches: Sequence[np.ndarray], *, gamma: int, te
 # The cost ratio c: one decode call of each model, timed in a jitted loop as the decode loop runs it
 
 
-@functools.partial(jax.jit, static_argnums=(0, 4, 5))
-def _steps(config, params, encoded, cache, k: int, n: int):
-    """n decode calls of a k-token window in one jitted loop (what the decode loop runs)."""
+@functools.partial(jax.jit, static_argnums=(0, 4, 5, 6))
+def _steps(config, params, encoded, cache, k: int, n: int, b: int):
+    """n decode calls of a k-token window over b rows in one jitted loop (what the decode loop runs)."""
     from specjax.models import t5
-
-    b = cache.k.shape[1]
 
     def body(i, carry):
         cache, acc = carry
@@ -222,11 +220,12 @@ def _steps(config, params, encoded, cache, k: int, n: int):
 def _time_steps(model, encoder_input_tokens, k: int, n: int, repeats: int) -> float:
     encoded = model.encode(encoder_input_tokens)
     cache = model.init_cache(encoder_input_tokens.shape[0], 16 + k)
-    jax.block_until_ready(_steps(model.config, model.params, encoded, cache, k, n))  # compile
+    b = int(encoder_input_tokens.shape[0])
+    jax.block_until_ready(_steps(model.config, model.params, encoded, cache, k, n, b))  # compile
     best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
-        jax.block_until_ready(_steps(model.config, model.params, encoded, cache, k, n))
+        jax.block_until_ready(_steps(model.config, model.params, encoded, cache, k, n, b))
         best = min(best, time.perf_counter() - t0)
     return best / n
 

@@ -59,6 +59,7 @@ def add_parser(sub) -> None:
                      help="trace the compiled decode with jax.profiler: ms per iteration per named scope, thunks per "
                           "iteration, fixed per-call cost, beside measured memory bandwidth and matmul throughput")
     out.add_argument("--profile-only", action="store_true", help="only the profile (no table)")
+    out.add_argument("--no-table", action="store_true", help="skip the table (e.g. with --against or --profile)")
     out.add_argument("--profile-calls", type=int, default=4,
                      help="decode calls (batches) traced per profile (default 4)")
     peers = p.add_argument_group("peers side by side")
@@ -234,7 +235,7 @@ def run(args: argparse.Namespace) -> int:
           f"{len(rows)} rows -> {args.out}", file=sys.stderr)
     records, hf_result, scaling = [], None, None
 
-    if not (args.hf_only or args.profile_only):
+    if not (args.hf_only or args.profile_only or args.no_table):
         def count(r):
             n = min(r.num_inputs, len(bench.read_lines(r.input, r.num_inputs)))
             return sum(-(-n // b) for b in args.batch_sizes) * len(r.gammas) * args.repeats
