@@ -18,7 +18,10 @@ path, split = sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "val"
 if path.endswith(".msgpack"):
     raw = serialization.msgpack_restore(open(path, 'rb').read())
     raw = raw.get("params", raw)
-    m = T5Model(_model_sizes()['target'], jax.tree_util.tree_map(np.asarray, raw))
+    import json, pathlib; from specjax.config import T5Config
+    meta = pathlib.Path(path).parent.parent / "config.json"  # RUN_DIR/config.json of RUN_DIR/snapshots/step_N
+    cfg = T5Config(**json.loads(meta.read_text())["model"]) if meta.exists() else _model_sizes()['target']
+    m = T5Model(cfg, jax.tree_util.tree_map(np.asarray, raw))
 else:
     from specjax.checkpoints import load_checkpoint
     m = load_checkpoint(path, dtype="float32")
@@ -30,6 +33,6 @@ order = sorted(range(len(s)), key=lambda i: len(s[i])); hyp = [None] * len(s); t
 for k in range(0, len(s), 128):
     idx = order[k:k + 128]
     x = bench.pad_batches([tok.encode(s[i])[:255] for i in idx], batch_size=128)[0]
-    out = temperature_sample(m, x, rng=jax.random.PRNGKey(0), max_decode_length=T, temperature=0.0)
+    out = jax.device_get(temperature_sample(m, x, rng=jax.random.PRNGKey(0), max_decode_length=T, temperature=0.0))
     for j, i in enumerate(idx): hyp[i] = tok.decode(out.sequences[j][:out.lengths[j]])
 print(path, split, len(s), "lines", sacrebleu.corpus_bleu(hyp, [r]), f"{time.time() - t0:.0f}s", flush=True)

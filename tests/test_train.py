@@ -127,3 +127,31 @@ def test_logits_with_dropout_are_random_only_in_training():
         t5.logits(cfg, params, enc, dec, dropout_rate=0.3)
     with pytest.raises(ValueError, match="dropout_rate"):
         tr.TrainConfig(dropout_rate=1.0)
+
+
+def test_model_config_json_sets_the_size(tmp_path, data_dir, capsys):
+    """``--model-config`` trains the size it names (T5Config fields, a run's config.json, or HF config.json)."""
+    from specjax.cli.train import load_model_config
+    from specjax.config import T5Config
+
+    fields = {"d_model": 24, "num_heads": 3, "head_dim": 8, "mlp_dim": 40, "num_encoder_layers": 1,
+              "num_decoder_layers": 2, "name": "probe"}
+    (tmp_path / "size.json").write_text(json.dumps(fields))
+    _run(tmp_path, "m", 1, data_dir, ("--model-config", str(tmp_path / "size.json")))
+    saved = json.loads((tmp_path / "m" / "config.json").read_text())["model"]
+    assert {k: saved[k] for k in fields} == fields and saved["vocab_size"] == 500  # vocab from the tokenizer
+    state = serialization.msgpack_restore((tmp_path / "m" / "state.msgpack").read_bytes())
+    assert state["params"]["decoder"]["layers_1"]["mlp"]["wi_0"]["kernel"].shape == (24, 40)
+    assert "layers_1" not in state["params"]["encoder"]
+    # The run's own config.json reads back as the same config; so does the HF form of it.
+    cfg = load_model_config(tmp_path / "m" / "config.json")
+    assert cfg == T5Config(**saved)
+    (tmp_path / "hf.json").write_text(json.dumps(cfg.to_hf_config()))
+    assert load_model_config(tmp_path / "hf.json").replace(name="probe") == cfg
+    (tmp_path / "bad.json").write_text(json.dumps({"d_model": 24, "layers": 3}))
+    d = data_dir / "train" / "multi30k"
+    code = main(["train", "--run-dir", str(tmp_path / "e"), "--model-config", str(tmp_path / "bad.json"),
+                 "--source", str(d / "train.en"), "--target-text", str(d / "train.de"), "--vocab-size", "500",
+                 "--max-examples", "600"])
+    assert code == 2
+    assert "layers" in capsys.readouterr().err and not (tmp_path / "e").exists()

@@ -23,8 +23,13 @@ def add_parser(sub) -> None:
     p.add_argument("--vocab", help="SentencePiece .model; trained on --source/--target-text when absent "
                                    "(written to RUN_DIR/spiece.model)")
     p.add_argument("--vocab-size", type=int, default=8000, help="pieces when training the vocabulary")
-    p.add_argument("--model", default="target", choices=["target", "draft", *PRESETS],
-                   help="model size: the default pair's 'target' or 'draft', or a T5 preset name")
+    p.add_argument("--model", default="target", choices=[*_model_sizes(), *PRESETS],
+                   help="model size: the mini pair's 'target' or 'draft', the small pair's 'small-target' or "
+                        "'small-draft', or a T5 preset name")
+    p.add_argument("--model-config", metavar="JSON",
+                   help="model size from a JSON file instead of --model: T5Config fields (e.g. {\"d_model\": 512, "
+                        "\"num_heads\": 8, ...}; fields left out take T5Config's defaults), a run directory's "
+                        "config.json, or a Hugging Face config.json. The vocabulary size always comes from --vocab")
     p.add_argument("--objective", default="reference", choices=["reference", "distill"])
     p.add_argument("--teacher", help="checkpoint of the target to distill from (objective=distill)")
     p.add_argument("--train-on", default=None, choices=["references", "teacher"],
@@ -59,7 +64,53 @@ def _model_sizes():
                            num_encoder_layers=4, num_decoder_layers=4, name="specjax_target_ende"),
         "draft": T5Config(vocab_size=8000, d_model=64, num_heads=2, head_dim=32, mlp_dim=256,
                           num_encoder_layers=4, num_decoder_layers=2, name="specjax_draft_ende"),
+        # The small pair (issue 12; specjax/assets/small_pair_TRAINING.md). Target: d 512, 8 x 64 heads,
+        # 6+6 layers, 46.1M parameters, 99.6 MiB of float32 decoder weights (beyond a 32 MB L3 cache),
+        # 23.0M per-token decode multiply-adds. Draft: d 128, 4 x 32 heads, 6 encoder + 4 decoder layers,
+        # 2.20M per-token multiply-adds (1/10.5 of the target; the 8k-way logits are 1.02M of them).
+        "small-target": T5Config(vocab_size=8000, d_model=512, num_heads=8, head_dim=64, mlp_dim=1024,
+                                 num_encoder_layers=6, num_decoder_layers=6, name="specjax_small_target_ende"),
+        "small-draft": T5Config(vocab_size=8000, d_model=128, num_heads=4, head_dim=32, mlp_dim=512,
+                                num_encoder_layers=6, num_decoder_layers=4, name="specjax_small_draft_ende"),
     }
+
+
+def load_model_config(path: str | Path):
+    """The ``T5Config`` of ``specjax train --model-config``.
+
+    Args:
+      path: a JSON file holding either T5Config fields (``{"d_model": 512, "num_heads": 8, ...}``; missing
+        fields take ``T5Config``'s defaults), a run directory's ``config.json`` (its ``"model"`` entry), or a
+        Hugging Face T5 ``config.json`` (recognised by ``model_type`` or ``d_ff``).
+    Returns:
+      ``specjax.config.T5Config``.
+    Raises:
+      FileNotFoundError: no such file. ValueError: not a JSON object, or fields ``T5Config`` does not have
+      (the message lists them and the known ones).
+    """
+    import dataclasses
+
+    from specjax.config import T5Config
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"--model-config {path} does not exist.")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--model-config {path} is not valid JSON: {e}.") from None
+    if isinstance(data, dict) and isinstance(data.get("model"), dict):
+        data = data["model"]  # a run directory's config.json
+    if not isinstance(data, dict):
+        raise ValueError(f"--model-config {path} must hold a JSON object of T5Config fields.")
+    if "model_type" in data or "d_ff" in data:
+        return T5Config.from_hf_config(data)
+    known = {f.name for f in dataclasses.fields(T5Config)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"--model-config {path} has fields T5Config does not know: {', '.join(unknown)} "
+                         f"(known: {', '.join(sorted(known))}).")
+    return T5Config(**data)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -89,6 +140,11 @@ def _run(args: argparse.Namespace) -> int:
     from specjax.tokenizer import Tokenizer
     from specjax import train as tr
 
+    sizes = _model_sizes()
+    if args.model_config:  # read before anything is written: a bad file fails at once
+        config = load_model_config(args.model_config)
+    else:
+        config = sizes[args.model] if args.model in sizes else T5Config.preset(args.model)
     run_dir = Path(args.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     vocab = Path(args.vocab) if args.vocab else run_dir / "spiece.model"
@@ -97,8 +153,6 @@ def _run(args: argparse.Namespace) -> int:
             raise FileNotFoundError(f"--vocab {vocab} does not exist.")
         tr.train_sentencepiece([args.source, args.target_text], run_dir / "spiece", args.vocab_size)
     tokenizer = Tokenizer(str(vocab), extra_ids=0)
-    sizes = _model_sizes()
-    config = sizes[args.model] if args.model in sizes else T5Config.preset(args.model)
     config = dataclasses.replace(config, vocab_size=tokenizer.vocab_size)
 
     sources, references = tr.read_parallel(args.source, args.target_text)

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# The small English->German pair (issue 12; specjax/assets/small_pair_TRAINING.md), stage by stage.
+#
+#   bash benchmarks/train_small_pair.sh            # from the repository root; runs what is not done yet
+#   STAGES="target bleu" bash benchmarks/train_small_pair.sh   # only some stages
+#
+# Idempotent and resumable: a stage whose export ($EXPORTS/<name>/model.safetensors) exists is skipped; a stage
+# that was interrupted resumes from its run directory when the script is run again (`specjax train` continues
+# from RUN_DIR/state.msgpack; the same command with the same --steps keeps the same learning-rate schedule).
+# Run directories and exports live OUTSIDE the git checkout ($RUNS, default /work/runs), so a checkout laid anew
+# loses nothing; the exports are copied into the checkout ($SHIP) only by the last stage, "ship".
+# Every training runs under `nice -n 19` (the machine is shared). Long stages: run the script itself with nohup:
+#   nohup bash benchmarks/train_small_pair.sh >> /work/runs/small_pair.log 2>&1 &
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+RUNS=${RUNS:-/work/runs}
+EXPORTS=${EXPORTS:-$RUNS/small_pair}            # bfloat16 HF exports: target/, draft_reference/, draft_distilled/
+SHIP=${SHIP:-specjax/assets/small_pair}          # where the shipped files go (stage "ship")
+VOCAB=specjax/assets/default_pair/spiece.model   # the mini pair's 8k vocabulary, shared by both pairs
+STAGES=${STAGES:-"target draft_reference draft_distilled bleu ship"}
+SPECJAX=${SPECJAX:-specjax}
+PY=${PY:-python}
+NICE=(env --default-signal=INT nice -n 19)      # SIGINT stays deliverable under nohup: Ctrl-C/kill -INT saves state
+
+# Stage sizes and schedules (small_pair_TRAINING.md says why).
+TARGET_STEPS=${TARGET_STEPS:-3500}               # 12.0 epochs of Multi30k (292 batches of 2048 tokens each)
+DRAFT_REF_STEPS=${DRAFT_REF_STEPS:-3000}         # 10.3 epochs
+DRAFT_DISTILL_STEPS=${DRAFT_DISTILL_STEPS:-3000}
+
+done_() { [ -f "$EXPORTS/$1/model.safetensors" ]; }
+want() { [[ " $STAGES " == *" $1 "* ]]; }
+log() { echo "[$(date '+%F %T')] $*"; }
+
+if want target; then
+  if done_ target; then log "target: $EXPORTS/target exists, skipped"; else
+    log "target: training (resumes from $RUNS/small_target)"
+    "${NICE[@]}" "$SPECJAX" train --run-dir "$RUNS/small_target" --model small-target --vocab "$VOCAB" \
+      --steps "$TARGET_STEPS" --tokens-per-batch 2048 --learning-rate 5e-4 --warmup-steps 500 --seed 0 \
+      --dropout 0.1 --snapshot-every 250 --export "$EXPORTS/target" --export-dtype bfloat16
+  fi
+fi
+
+if want draft_reference; then
+  if done_ draft_reference; then log "draft_reference: exists, skipped"; else
+    log "draft_reference: cross-entropy on the references (resumes from $RUNS/small_draft_ref)"
+    "${NICE[@]}" "$SPECJAX" train --run-dir "$RUNS/small_draft_ref" --model small-draft --vocab "$VOCAB" \
+      --steps "$DRAFT_REF_STEPS" --tokens-per-batch 2048 --learning-rate 1e-3 --warmup-steps 400 --seed 0 \
+      --dropout 0.1 --snapshot-every 500 --export "$EXPORTS/draft_reference" --export-dtype bfloat16
+  fi
+fi
+
+if want draft_distilled; then
+  if done_ draft_distilled; then log "draft_distilled: exists, skipped"; else
+    done_ target && done_ draft_reference || { log "draft_distilled needs the target and draft_reference exports"; exit 1; }
+    # DistillSpec (Zhou et al. 2023): the target's greedy outputs for every training source (computed once,
+    # cached in RUN_DIR/teacher_outputs.npz) and the forward KL to the target's distributions at every position.
+    log "draft_distilled: DistillSpec forward KL from the target (resumes from $RUNS/small_draft_distill)"
+    "${NICE[@]}" "$SPECJAX" train --run-dir "$RUNS/small_draft_distill" --model small-draft --vocab "$VOCAB" \
+      --objective distill --teacher "$EXPORTS/target" --init-from "$EXPORTS/draft_reference" \
+      --steps "$DRAFT_DISTILL_STEPS" --tokens-per-batch 2048 --learning-rate 5e-4 --warmup-steps 100 --seed 0 \
+      --snapshot-every 500 --export "$EXPORTS/draft_distilled" --export-dtype bfloat16
+  fi
+fi
+
+if want bleu; then
+  # Greedy BLEU (sacrebleu 13a) of the bfloat16 target export on Multi30k validation and test 2016; the goal is
+  # test >= 30. Results are appended to $EXPORTS/bleu.txt (a stage that is re-run appends again).
+  if done_ target; then
+    for split in val test; do
+      nice -n 19 "$PY" benchmarks/target_bleu.py "$EXPORTS/target" "$split" | tee -a "$EXPORTS/bleu.txt"
+    done
+  else log "bleu: no target export yet, skipped"; fi
+fi
+
+if want ship; then
+  if done_ target && done_ draft_reference && done_ draft_distilled; then
+    mkdir -p "$SHIP"
+    for m in target draft_reference draft_distilled; do
+      [ -f "$SHIP/$m/model.safetensors" ] || cp -r "$EXPORTS/$m" "$SHIP/$m"
+    done
+    cp "$VOCAB" "$SHIP/spiece.model"
+    log "ship: $SHIP holds the three bfloat16 models and spiece.model"
+  else log "ship: not every export is there yet, skipped"; fi
+fi
