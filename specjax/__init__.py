@@ -8,7 +8,7 @@ from specjax.config import PRESETS, T5Config
 from specjax.models.t5 import T5Model
 from specjax.checkpoints import CheckpointError, load_checkpoint, save_checkpoint
 from specjax.tokenizer import Tokenizer
-from specjax.decoding import DecodeConfig, DecodeResult, speculative_sample, temperature_sample
+from specjax.decoding import DecodeConfig, DecodeResult, PromptLookupDraft, speculative_sample, temperature_sample
 from specjax.defaults import load_default_pair
 from specjax import parallel
 from specjax.parallel import data_parallel_sample, make_mesh, model_parallel_sample, shard_params
@@ -16,8 +16,8 @@ from specjax.seqio_interop import SeqioDecodeResult, seqio_decode  # imports seq
 
 __all__ = [
     "PRESETS", "T5Config", "T5Model", "CheckpointError", "load_checkpoint", "save_checkpoint", "Tokenizer",
-    "DecodeConfig", "DecodeResult", "speculative_sample", "temperature_sample", "load_default_pair",
-    "parallel", "data_parallel_sample", "make_mesh", "model_parallel_sample", "shard_params",
+    "DecodeConfig", "DecodeResult", "PromptLookupDraft", "speculative_sample", "temperature_sample",
+    "load_default_pair", "parallel", "data_parallel_sample", "make_mesh", "model_parallel_sample", "shard_params",
     "seqio_decode", "SeqioDecodeResult",
 ]
 __version__ = "0.1.0"

@@ -16,6 +16,7 @@ The target's cache invariant (per row, ``n`` = tokens emitted = ``positions``; d
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, NamedTuple
 
@@ -145,9 +146,14 @@ def as_draft_source(draft) -> tuple[DraftSource, Any]:
 
 
 def _speculative_args(target, draft, encoder_input_tokens, rng, gamma, max_decode_length, temperature, top_k,
-                      top_p, eos_id, max_input_length, truncate, verification):
+                      top_p, eos_id, max_input_length, truncate, verification, draft_confidence_threshold=None):
     target_fns, target_params = as_decoding_model(target, "target")
     source, draft_params = as_draft_source(draft)
+    if draft_confidence_threshold is not None:
+        if not isinstance(source, ModelDraft):
+            raise ValueError(f"draft_confidence_threshold needs a draft model, got {type(source).__name__}; drop "
+                             "it (a prompt-lookup proposal has no confidence).")
+        source = dataclasses.replace(source, confidence_threshold=draft_confidence_threshold)
     draft_fns = getattr(source, "model", None)
     if draft_fns is not None and target_fns.vocab_size != draft_fns.vocab_size:
         raise ValueError(
@@ -174,7 +180,8 @@ def _speculative_args(target, draft, encoder_input_tokens, rng, gamma, max_decod
 
 def speculative_sample(target, draft, encoder_input_tokens, *, rng=None, gamma: int, max_decode_length: int,
                        temperature=1.0, top_k=0, top_p=1.0, eos_id: int = 1, max_input_length: int = 512,
-                       truncate: bool = False, verification: str = "token") -> DecodeResult:
+                       truncate: bool = False, verification: str = "token",
+                       draft_confidence_threshold: float | None = None) -> DecodeResult:
     """Speculative sampling: a draft proposes ``gamma`` tokens, the target checks them in one call.
 
     Leviathan et al. 2023, Algorithm 1 (Chen et al. 2023, Algorithm 2) for encoder-decoders: each model
@@ -210,6 +217,8 @@ def speculative_sample(target, draft, encoder_input_tokens, *, rng=None, gamma: 
       truncate: cut longer inputs to ``max_input_length`` tokens (ending in EOS if they did) instead of raising.
       verification: "token" (Algorithm 1) or "block" (Sun et al. 2025, never fewer accepted tokens in
         expectation).
+      draft_confidence_threshold: None, or a number in [0, 1]: each row stops drafting after a draft token
+        whose probability under the draft is below it (adaptive gamma up to ``gamma``; ``ModelDraft``). Static.
     Returns:
       ``DecodeResult`` (a pytree of jax arrays): ``sequences`` int32[b, T], ``lengths``, per-row counters;
       ``.acceptance_rate`` is the paper's α, ``.accepted_fraction`` accepted/drafted,
@@ -222,7 +231,7 @@ def speculative_sample(target, draft, encoder_input_tokens, *, rng=None, gamma: 
     """
     return _speculative_jit(*_speculative_args(target, draft, encoder_input_tokens, rng, gamma, max_decode_length,
                                                temperature, top_k, top_p, eos_id, max_input_length, truncate,
-                                               verification))
+                                               verification, draft_confidence_threshold))
 
 
 def lower_speculative_sample(target, draft, encoder_input_tokens, **kwargs) -> jax.stages.Lowered:
