@@ -29,7 +29,8 @@ from specjax.config import T5Config
 
 __all__ = [
     "Encoded", "KVCache", "T5Model", "Transformer", "encode", "decode", "init_cache", "logits",
-    "relative_position_bucket", "init_params", "param_logical_axes",
+    "relative_position_bucket", "init_params", "param_logical_axes", "ENCODED_AXES", "CACHE_AXES",
+    "logical_axes",
 ]
 
 Params = Any
@@ -39,26 +40,48 @@ NEG_INF = -1e10  # t5x's attention mask bias.
 class Encoded(NamedTuple):
     """What the decoder needs from the encoder, computed once per input.
 
+    Keys and values are stored per layer, heads before positions ([b, n, s, h]): the layout the attention
+    dot products read (batch dims leading), so a decode step neither transposes nor slices them.
+
     Attributes:
-      mask: bool[b, s], True at real (non-pad) encoder tokens.
-      cross_k: [l, b, s, n, h] cross-attention keys of every decoder layer (compute dtype).
-      cross_v: [l, b, s, n, h] cross-attention values of every decoder layer.
+      mask: bool[b, s], True at real (non-pad) encoder tokens.                 axes ("batch", "length")
+      cross_k: tuple of l arrays [b, n, s, h], cross-attention keys of each decoder layer (compute dtype).
+                                                                axes ("batch", "heads", "length", "kv")
+      cross_v: tuple of l arrays [b, n, s, h], cross-attention values.      axes as ``cross_k``
     """
     mask: jax.Array
-    cross_k: jax.Array
-    cross_v: jax.Array
+    cross_k: tuple[jax.Array, ...]
+    cross_v: tuple[jax.Array, ...]
 
 
 class KVCache(NamedTuple):
     """Decoder self-attention cache, fixed shape for a whole decode.
 
+    One array per layer, heads before slots ([b, n, L, h]): the layout the attention dot products read,
+    so a step writes its ``k`` new slots per row in place (a scatter) and reads the cache without a copy.
+
     Attributes:
-      k: [l, b, L, n, h] keys; slot ``i`` holds the key of decoder position ``i`` once written.
-      v: [l, b, L, n, h] values.
+      k: tuple of l arrays [b, n, L, h]; slot ``i`` holds the key of decoder position ``i`` once written.
+                                                                axes ("batch", "heads", "length", "kv")
+      v: tuple of l arrays [b, n, L, h], values.                              axes as ``k``
     A row's slots at or beyond its current position are stale and masked by ``decode``.
     """
-    k: jax.Array
-    v: jax.Array
+    k: tuple[jax.Array, ...]
+    v: tuple[jax.Array, ...]
+
+
+# Logical axis names of every leaf (``specjax.parallel`` maps them to mesh axes).
+ENCODED_AXES = Encoded(mask=("batch", "length"), cross_k=("batch", "heads", "length", "kv"),
+                       cross_v=("batch", "heads", "length", "kv"))
+CACHE_AXES = KVCache(k=("batch", "heads", "length", "kv"), v=("batch", "heads", "length", "kv"))
+
+
+def logical_axes(tree):
+    """The logical axis names of each leaf of an ``Encoded`` or ``KVCache``: a pytree of the same
+    structure whose leaves are tuples of names (e.g. ``("batch", "heads", "length", "kv")``)."""
+    axes = ENCODED_AXES if isinstance(tree, Encoded) else CACHE_AXES
+    return type(tree)(*(f if not isinstance(x, tuple) else tuple(f for _ in x)
+                        for x, f in zip(tree, axes)))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -138,19 +161,32 @@ class RelativePositionBias(nn.Module):
     bidirectional: bool
     config: T5Config
 
-    @nn.compact
+    def setup(self):
+        cfg = self.config
+        self.rel_embedding = _param(self, "rel_embedding",
+                                    nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"),
+                                    (cfg.num_heads, cfg.relative_attention_num_buckets),
+                                    ("heads", "relpos_buckets"), cfg.weight_dtype)
+
     def __call__(self, query_pos, memory_pos):
         """query_pos: int[b, q]; memory_pos: int[b, m] -> float32 bias [b, n, q, m]."""
         cfg = self.config
-        table = _param(self, "rel_embedding",
-                       nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"),
-                       (cfg.num_heads, cfg.relative_attention_num_buckets), ("heads", "relpos_buckets"),
-                       cfg.weight_dtype)
         bucket = relative_position_bucket(memory_pos[:, None, :] - query_pos[:, :, None],
                                           self.bidirectional, cfg.relative_attention_num_buckets,
                                           cfg.relative_attention_max_distance)  # [b, q, m]
-        bias = jnp.take(table.astype(jnp.float32), bucket, axis=1)  # [n, b, q, m]
+        bias = jnp.take(self.rel_embedding.astype(jnp.float32), bucket, axis=1)  # [n, b, q, m]
         return jnp.transpose(bias, (1, 0, 2, 3))
+
+    def causal_table(self, length: int):
+        """float32 [n, length + 1]: column ``j < length`` is the bias at distance ``query - memory = j``,
+        the last column is ``NEG_INF`` (a memory slot after the query). Depends only on the parameters and
+        the static cache length, so a decode step gathers from it instead of bucketing every slot."""
+        cfg = self.config
+        bucket = relative_position_bucket(-jnp.arange(length, dtype=jnp.int32), self.bidirectional,
+                                          cfg.relative_attention_num_buckets,
+                                          cfg.relative_attention_max_distance)  # [length]
+        table = jnp.take(self.rel_embedding.astype(jnp.float32), bucket, axis=1)  # [n, length]
+        return jnp.concatenate([table, jnp.full((cfg.num_heads, 1), NEG_INF, jnp.float32)], axis=1)
 
 
 class Projections(nn.Module):
@@ -175,14 +211,24 @@ class Projections(nn.Module):
         return self.heads(self.query, x)
 
     def kv(self, x):
+        """[b, s, d] -> keys, values [b, s, n, h]."""
         return self.heads(self.key, x), self.heads(self.value, x)
 
-    def attend(self, q_btnh, k_bsnh, v_bsnh, bias_bnts):
-        """Softmax attention (float32 scores, no 1/sqrt(h) scaling) -> [b, t, d]."""
+    def kv_heads_first(self, x):
+        """[b, s, d] -> keys, values [b, n, s, h] (the layout ``attend`` reads)."""
+        k, v = self.kv(x)
+        return jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
+
+    def attend(self, q_btnh, k_bnsh, v_bnsh, bias_bnts):
+        """Softmax attention (float32 scores, no 1/sqrt(h) scaling) -> [b, t, d].
+
+        Keys and values are heads-first [b, n, s, h], so both dot products have their batch dims (b, n)
+        leading and read the (large) keys and values without a transpose; only the small q and output move.
+        """
         cfg = self.config
-        scores = jnp.einsum("btnh,bsnh->bnts", q_btnh, k_bsnh, preferred_element_type=jnp.float32)
+        scores = jnp.einsum("btnh,bnsh->bnts", q_btnh, k_bnsh, preferred_element_type=jnp.float32)
         weights = jax.nn.softmax(scores + bias_bnts, axis=-1).astype(cfg.compute_dtype)
-        out_btnh = jnp.einsum("bnts,bsnh->btnh", weights, v_bsnh)
+        out_btnh = jnp.einsum("bnts,bnsh->btnh", weights, v_bnsh)
         return self.out(out_btnh.reshape(out_btnh.shape[:2] + (cfg.num_heads * cfg.head_dim,)))
 
 
@@ -215,7 +261,7 @@ class EncoderLayer(nn.Module):
     def __call__(self, x, bias):
         with jax.named_scope("self_attention"):
             y = self.pre_attention_layer_norm(x)
-            k, v = self.attention.kv(y)
+            k, v = self.attention.kv_heads_first(y)
             x = x + _dropout(self, self.attention.attend(self.attention.q(y), k, v, bias), self.dropout_rate)
         with jax.named_scope("mlp"):
             return x + _dropout(self, self.mlp(self.pre_mlp_layer_norm(x)), self.dropout_rate)
@@ -236,10 +282,11 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg)
 
     def cross_kv(self, encoded_bsd):
-        return self.encoder_decoder_attention.kv(encoded_bsd)
+        """[b, s, d] -> cross-attention keys, values [b, n, s, h]."""
+        return self.encoder_decoder_attention.kv_heads_first(encoded_bsd)
 
     def __call__(self, x, self_kv, self_bias, cross_kv, cross_bias, write):
-        """x: [b, k, d]; self_kv: cached (k, v) [b, L, n, h]; write(cache, new) stores the window.
+        """x: [b, k, d]; self_kv: cached (k, v) [b, n, L, h]; write(cache, new) stores the window.
 
         Returns (x, (k, v)) with the window's keys/values written into the cache.
         """
@@ -295,23 +342,29 @@ class Decoder(nn.Module):
             self.logits_dense = Dense(cfg.vocab_size, ("embed", "vocab"), cfg)
 
     def cross_kv(self, encoded_bsd):
+        """[b, s, d] -> (keys, values): tuples of l arrays [b, n, s, h]."""
         ks, vs = zip(*(layer.cross_kv(encoded_bsd) for layer in self.layers))
-        return jnp.stack(ks), jnp.stack(vs)
+        return tuple(ks), tuple(vs)
 
     def __call__(self, x_bkd, positions_b, cache: KVCache, encoded: Encoded, embedder):
         cfg = self.config
         b, k = x_bkd.shape[:2]
-        cache_len = cache.k.shape[2]
+        cache_len = cache.k[0].shape[2]
         query_pos = positions_b[:, None] + jnp.arange(k, dtype=jnp.int32)[None, :]  # [b, k]
-        memory_pos = jnp.broadcast_to(jnp.arange(cache_len, dtype=jnp.int32), (b, cache_len))
-        causal = memory_pos[:, None, None, :] <= query_pos[:, None, :, None]  # [b, 1, k, L]
-        self_bias = self.relpos_bias(query_pos, memory_pos) + jnp.where(causal, 0.0, NEG_INF)
+        # Causal relative-position bias [b, n, k, L]: a gather from a per-distance table (the last column
+        # is NEG_INF for slots after the query), rather than bucketing (a log) every slot every step.
+        distance = query_pos[:, :, None] - jnp.arange(cache_len, dtype=jnp.int32)  # [b, k, L]
+        # Distances run up to L + k - 1 (a window may reach past the cache; its writes are dropped).
+        column = jnp.where(distance >= 0, distance, cache_len + k)
+        table = self.relpos_bias.causal_table(cache_len + k)  # [n, L + k + 1]
+        self_bias = jnp.transpose(jnp.take(table, column, axis=1, mode="clip"), (1, 0, 2, 3))
         cross_bias = jnp.where(encoded.mask[:, None, None, :], 0.0, NEG_INF)  # [b, 1, 1, s]
         rows = jnp.arange(b)[:, None]
 
-        def write(cache_bLnh, new_bknh):
-            # Scatter each row's window at its own position; slots past L are dropped, never clamped.
-            return cache_bLnh.at[rows, query_pos].set(new_bknh.astype(cache_bLnh.dtype), mode="drop")
+        def write(cache_bnLh, new_bknh):
+            # Scatter each row's window at its own slots, in place; slots past L are dropped, never clamped.
+            # (Advanced indices around a slice put their [b, k] dims first: the update is [b, k, n, h].)
+            return cache_bnLh.at[rows, :, query_pos].set(new_bknh.astype(cache_bnLh.dtype), mode="drop")
 
         new_k, new_v = [], []
         x_bkd = _dropout(self, x_bkd, self.dropout_rate)
@@ -325,7 +378,7 @@ class Decoder(nn.Module):
             logits = embedder.attend(y) / jnp.sqrt(jnp.asarray(y.shape[-1], jnp.float32)).astype(y.dtype)
         else:
             logits = self.logits_dense(y)
-        return logits.astype(jnp.float32), KVCache(jnp.stack(new_k), jnp.stack(new_v))
+        return logits.astype(jnp.float32), KVCache(tuple(new_k), tuple(new_v))
 
 
 class Embed(nn.Module):
@@ -379,12 +432,15 @@ class Transformer(nn.Module):
 
 
 def _empty_cache(config: T5Config, batch: int, length: int) -> KVCache:
-    shape = (config.num_decoder_layers, batch, length, config.num_heads, config.head_dim)
-    return KVCache(jnp.zeros(shape, config.compute_dtype), jnp.zeros(shape, config.compute_dtype))
+    shape = (batch, config.num_heads, length, config.head_dim)
+    layers = range(config.num_decoder_layers)
+    return KVCache(tuple(jnp.zeros(shape, config.compute_dtype) for _ in layers),
+                   tuple(jnp.zeros(shape, config.compute_dtype) for _ in layers))
 
 
 def init_cache(config: T5Config, batch: int, length: int) -> KVCache:
-    """An empty decoder cache of ``length`` slots (tokens) per row: ``[l, b, L, n, h]`` in the compute dtype.
+    """An empty decoder cache of ``length`` slots (tokens) per row: ``KVCache`` whose ``k`` and ``v`` are
+    tuples of l arrays [b, n, L, h] in the compute dtype (logical axes ``CACHE_AXES``).
 
     ``length`` must cover the last position a window can write (for a decode loop: max_decode_length plus
     the window size); ``decode`` drops writes past it rather than clamping them.
@@ -417,7 +473,7 @@ def encode(config: T5Config, params: Params, encoder_input_tokens) -> Encoded:
       params: the parameter pytree (t5x names, without the ``params`` collection key).
       encoder_input_tokens: int32[b, s], right-padded with ``pad_id``.
     Returns:
-      ``Encoded`` (mask [b, s], cross_k/cross_v [l, b, s, n, h]).
+      ``Encoded`` (mask [b, s], cross_k/cross_v tuples of l arrays [b, n, s, h]).
     Raises:
       ValueError: tokens outside the vocabulary or not a 2-D int array (checked when concrete).
     """
@@ -445,7 +501,7 @@ def decode(config: T5Config, params: Params, encoded: Encoded, tokens, cache: KV
       config, params: the model.
       encoded: from ``encode``.
       tokens: int32[b, k] decoder input tokens (the first decoder input of a sequence is ``pad_id``).
-      cache: ``KVCache`` [l, b, L, n, h].
+      cache: ``KVCache`` (tuples of l arrays [b, n, L, h], from ``init_cache``).
       positions: int32[b], the position of each row's first window token.
     Returns:
       (logits float32[b, k, v], updated cache).
@@ -556,6 +612,15 @@ class T5Model:
         """The same model with parameters and compute in ``dtype`` ("float32", "bfloat16", "float16")."""
         cfg = self.config.replace(dtype=dtype, param_dtype=dtype)
         return T5Model(cfg, jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype), self.params))
+
+    def decoding_model(self):
+        """``(DecodingModel, params)``: how the decode loops see this model (``specjax.models.adapter``)."""
+        from specjax.models.adapter import T5Decoding
+        return T5Decoding(self.config), self.params
+
+
+# A pytree (params the leaves, the config static), so a T5Model can be a jit / shard_map / pmap argument.
+jax.tree_util.register_dataclass(T5Model, data_fields=["params"], meta_fields=["config"])
 
 
 def _jit_logits(config, params, encoder_input_tokens, decoder_input_tokens):
