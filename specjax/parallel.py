@@ -123,11 +123,12 @@ def make_mesh(spec: str | None = None, devices: Sequence[jax.Device] | None = No
     sizes = {DATA: count, MODEL: 1} if spec is None else parse_mesh(spec)
     if sizes[DATA] * sizes[MODEL] != count:
         kind = devices[0].platform if devices else "?"
+        examples = " or ".join(dict.fromkeys([f"data:1,model:{count}", f"data:{count},model:1"]))
         raise ValueError(
             f"Mesh spec {spec!r} asks for {sizes[DATA]} x {sizes[MODEL]} = {sizes[DATA] * sizes[MODEL]} "
             f"devices but {count} {kind} device(s) are visible (jax.devices()). Choose sizes that multiply to "
-            f"{count}, e.g. --mesh data:1,model:{count} or data:{count},model:1; on CPU, forcing host "
-            "devices takes XLA_FLAGS=--xla_force_host_platform_device_count=N before JAX starts.")
+            f"{count}, e.g. --mesh {examples}; on CPU, forcing host devices takes "
+            "XLA_FLAGS=--xla_force_host_platform_device_count=N before JAX starts.")
     auto = (jax.sharding.AxisType.Auto,) * 2
     return jax.make_mesh((sizes[DATA], sizes[MODEL]), (DATA, MODEL), axis_types=auto, devices=devices)
 

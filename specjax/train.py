@@ -381,8 +381,8 @@ def teacher_outputs(teacher: T5Model, src: Sequence[np.ndarray], *, batch_size: 
         for r, i in enumerate(idx):
             x[r, :len(src[i])] = src[i]
         x[len(idx):] = x[0]  # fixed batch shape; extra rows dropped
-        res = temperature_sample(teacher, x, rng=jax.random.PRNGKey(0), max_decode_length=max_decode_length,
-                                 temperature=0.0)
+        res = jax.device_get(temperature_sample(teacher, x, rng=jax.random.PRNGKey(0),
+                                                max_decode_length=max_decode_length, temperature=0.0))
         for r, i in enumerate(idx):
             out[i] = np.asarray(res.sequences[r, :res.lengths[r]], np.int32)
     return out

@@ -26,7 +26,8 @@ COLLECTIVES = r"\b(all-reduce|all-gather|collective-permute|all-to-all|reduce-sc
 
 def _same(a, b) -> bool:
     return all(np.array_equal(getattr(a, f), getattr(b, f)) for f in
-               ("sequences", "lengths", "num_target_calls", "num_draft_tokens", "num_accepted"))
+               ("sequences", "lengths", "num_target_calls", "num_draft_tokens", "num_accepted", "num_verified",
+                "accepted_per_position"))
 
 
 def main() -> dict:
@@ -51,6 +52,11 @@ def main() -> dict:
         "speculative_sampled": (speculative_sample, (target, draft),
                                 dict(rng=jax.random.PRNGKey(5), gamma=3, max_decode_length=10,
                                      temperature=1.0, eos_id=58)),
+        # Per-row sampling arrays: greedy, sampled and top-k / top-p rows in one batch, split over devices.
+        "speculative_mixed": (speculative_sample, (target, draft),
+                              dict(rng=jax.random.PRNGKey(6), gamma=3, max_decode_length=10, eos_id=58,
+                                   temperature=np.tile([0.0, 1.0, 0.7], 5)[:13], top_k=np.tile([0, 0, 5], 5)[:13],
+                                   top_p=np.tile([1.0, 0.9, 1.0], 5)[:13])),
     }
     for name, (fn, models, kwargs) in cases.items():
         ref = fn(*models, tokens, **kwargs)
@@ -62,6 +68,16 @@ def main() -> dict:
             "lengths": ref.lengths.tolist(), "distinct_rows": len({tuple(r) for r in ref.sequences.tolist()}),
         }
 
+    # jax.pmap over the core itself (one slice of the batch per device) gives the one-device tokens.
+    fn, models, kwargs = cases["speculative_sampled"]
+    ref = fn(*models, tokens[:8], **kwargs)
+    row_keys = jax.vmap(lambda i: jax.random.fold_in(kwargs["rng"], i))(np.arange(8))
+    static = {k: v for k, v in kwargs.items() if k != "rng"}
+    pmapped = jax.pmap(lambda x, k: speculative_sample(target, draft, x, rng=k, **static))
+    pm = pmapped(tokens[:8].reshape(8, 1, -1), np.asarray(row_keys).reshape(8, 1, 2))
+    pm = jax.tree_util.tree_map(lambda x: np.asarray(x).reshape((8,) + x.shape[2:]), pm)
+    out["pmap_equal"] = _same(ref, pm)
+
     # No recompilation: the same shapes again (new key) reuse the compiled programs.
     before = parallel.num_compiled_programs()
     fn, models, kwargs = cases["greedy"]
@@ -71,11 +87,13 @@ def main() -> dict:
 
     # Per-device loops: the data-parallel program has no cross-device collective at all; the mesh program
     # does (its sharded matmuls and its global stop test).
-    prog_dp = parallel._data_parallel_jit(*_static(fn, models, tokens, kwargs),
+    call = parallel._split_call(fn, (*models, tokens), kwargs)
+    prog_dp = parallel._data_parallel_jit(fn, call.models, call.static,
                                           jax.sharding.Mesh(np.asarray(jax.devices()), ("data",)))
     padded = np.concatenate([tokens, np.repeat(tokens[-1:], 3, 0)])
     keys = np.zeros((16, 2), np.uint32)
-    hlo = prog_dp.lower((target.params,), padded, keys).compile().as_text()
+    per_row = {k: np.resize(v, 16) for k, v in call.per_row.items()}
+    hlo = prog_dp.lower(call.params, padded, keys, per_row).compile().as_text()
     out["data_parallel_collectives"] = sorted(set(re.findall(COLLECTIVES, hlo)))
 
     # Model-parallel parameters really are split: shard shapes per device.
@@ -97,13 +115,6 @@ def main() -> dict:
     out["draft_replicated"] = all(tuple(s.data.shape) == x.shape for x in jax.tree_util.tree_leaves(
         replicated.params) for s in x.addressable_shards)
     return out
-
-
-def _static(fn, models, tokens, kwargs):
-    from specjax import decoding
-    prog = (decoding.temperature_sample_program if fn is temperature_sample
-            else decoding.speculative_sample_program)(*models, tokens, **kwargs)
-    return prog.models, prog.settings
 
 
 if __name__ == "__main__":

@@ -364,6 +364,7 @@ def test_a_row_alone_equals_the_row_in_a_batch(t5_pair, t5_inputs):
     key = jax.random.PRNGKey(42)
     batch = speculative_sample(target, draft, t5_inputs, rng=key, gamma=GAMMA, max_decode_length=MAX_LEN)
     row_keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(B))
+    batch = jax.device_get(batch)  # DecodeResult is a pytree of jax arrays: numpy for the host checks
     assert len({tuple(s) for s in batch.sequences}) > 1
     for i in (0, 5, 17, 31):
         alone = speculative_sample(target, draft, t5_inputs[i:i + 1], rng=row_keys[i:i + 1], gamma=GAMMA,
@@ -464,6 +465,12 @@ def _entry_computation(hlo_text):
     return hlo_text[start:end]
 
 
+def _decode_loops(entry):
+    """Top-level while loops of the entry computation, without XLA:CPU's rolled threefry rounds (the PRNG's
+    own 5-round loop when the per-row keys are folded in the program)."""
+    return [line for line in entry.splitlines() if re.search(r" while\(", line) and "threefry" not in line]
+
+
 def _callback_targets(hlo_text):
     return [t for t in re.findall(r'custom_call_target="([^"]*)"', hlo_text) if "callback" in t.lower()]
 
@@ -474,7 +481,7 @@ def test_speculative_sample_is_one_xla_while_loop_without_callbacks(t5_pair, t5_
                                        top_k=5, top_p=0.9)
     compiled = lowered.compile().as_text()
     entry = _entry_computation(compiled)
-    assert len(re.findall(r" while\(", entry)) == 1, entry
+    assert len(_decode_loops(entry)) == 1, entry
     assert not re.search(r" custom-call\(", entry)
     assert not _callback_targets(compiled)
     stablehlo = lowered.as_text()
@@ -488,5 +495,92 @@ def test_temperature_sample_is_one_xla_while_loop(t5_pair, t5_inputs):
     target, _ = t5_pair
     lowered = lower_temperature_sample(target, t5_inputs, rng=0, max_decode_length=MAX_LEN)
     compiled = lowered.compile().as_text()
-    assert len(re.findall(r" while\(", _entry_computation(compiled))) == 1
+    assert len(_decode_loops(_entry_computation(compiled))) == 1
     assert not _callback_targets(compiled)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 6. A JAX library: traceable, per-row sampling arrays, the paper's alpha
+
+
+def test_speculative_sample_inside_jit_with_traced_tokens_keys_and_per_row_sampling(t5_pair, t5_inputs):
+    """t5x style: jit over the core with traced tokens, key and per-row temperature / top-k / top-p; rows at
+    temperature 0 equal greedy temperature_sample; five temperature vectors compile one program."""
+    target, draft = t5_pair
+    fn = jax.jit(lambda x, key, t, k, p: speculative_sample(target, draft, x, rng=key, gamma=GAMMA,
+                                                            max_decode_length=MAX_LEN, temperature=t, top_k=k,
+                                                            top_p=p))
+    greedy = temperature_sample(target, t5_inputs, rng=0, max_decode_length=MAX_LEN, temperature=0)
+    rng = np.random.default_rng(0)
+    for trial in range(5):
+        t = rng.uniform(0.5, 1.5, B).astype(np.float32)
+        t[::4] = 0.0  # every fourth row greedy, beside sampled rows
+        k = rng.integers(0, 6, B).astype(np.int32)
+        p = rng.uniform(0.5, 1.0, B).astype(np.float32)
+        out = fn(jnp.asarray(t5_inputs), jax.random.PRNGKey(trial), t, k, p)
+        assert isinstance(out, DecodeResult) and isinstance(out.sequences, jax.Array)
+        np.testing.assert_array_equal(np.asarray(out.sequences)[::4], greedy.sequences[::4])
+        _check_well_formed(jax.device_get(out), MAX_LEN)
+    assert fn._cache_size() == 1  # one trace and compilation for five temperature vectors
+
+    # Eagerly too: new temperature values reuse the compiled program (counted, not timed).
+    before = decoding.loop._speculative_jit._cache_size()
+    for t in (0.3, np.float32(0.5), np.float64(0.9), 1, jnp.float32(1.7)):
+        speculative_sample(target, draft, t5_inputs, rng=1, gamma=GAMMA, max_decode_length=MAX_LEN,
+                           temperature=t, top_k=np.int64(5), top_p=np.float32(0.95))
+    assert decoding.loop._speculative_jit._cache_size() - before <= 1
+
+
+def test_make_jaxpr_and_rng_none(t5_pair, t5_inputs):
+    target, draft = t5_pair
+    jaxpr = jax.make_jaxpr(lambda x: temperature_sample(target, x, max_decode_length=4, temperature=0))(
+        jnp.asarray(t5_inputs))
+    assert "while" in str(jaxpr)
+    a = speculative_sample(target, draft, t5_inputs, rng=None, gamma=2, max_decode_length=6, temperature=0.0)
+    b = speculative_sample(target, draft, t5_inputs, rng=jax.random.PRNGKey(0), gamma=2, max_decode_length=6,
+                           temperature=0.0)
+    np.testing.assert_array_equal(a.sequences, b.sequences)
+
+
+@pytest.mark.parametrize("warp", [dict(temperature=0.0), dict(temperature=0.7, top_k=4), dict(temperature=1.0)])
+def test_self_draft_alpha_is_one(t5_pair, t5_inputs, warp):
+    """A draft equal to the target: beta = sum min(p, q) = 1 at every verified position (to float32
+    rounding between the one-token and window computations of the same model)."""
+    target, _ = t5_pair
+    r = speculative_sample(target, target, t5_inputs, rng=3, gamma=GAMMA, max_decode_length=MAX_LEN, **warp)
+    assert r.acceptance_rate == pytest.approx(1.0, abs=1e-5)
+    assert r.accepted_fraction == 1.0 and np.all(r.num_verified == r.num_draft_tokens)
+
+
+MIXED_ROWS = [  # (temperature, top_k, top_p) per distinct input row
+    (1.0, 0, 1.0), (0.7, 3, 1.0), (1.0, 0, 0.8), (1.3, 4, 0.9), (0.0, 0, 1.0)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("gamma", [2, 4])
+def test_mixed_sampling_rows_each_match_their_own_distribution(tiny_pair, gamma):
+    """One batch whose rows have different temperature / top-k / top-p (and one greedy row): each row's
+    ~20k samples against its own exact warped sequence distribution, chi-square at significance 0.001."""
+    target, draft = tiny_pair
+    max_len, rows = 4, len(MIXED_ROWS)
+    inputs = _inputs(np.random.default_rng(11), rows, 5, 6)
+    t, k, p = (np.array(c) for c in zip(*MIXED_ROWS))
+    per_chunk = 4_001
+    observed = [dict() for _ in range(rows)]
+    for c in range(5):
+        r = speculative_sample(target, draft, np.tile(inputs, (per_chunk, 1)), rng=jax.random.PRNGKey(77 + c),
+                               gamma=gamma, max_decode_length=max_len, temperature=np.tile(t, per_chunk),
+                               top_k=np.tile(k, per_chunk), top_p=np.tile(p, per_chunk))
+        for idx, (seq, n) in enumerate(zip(np.asarray(r.sequences), np.asarray(r.lengths))):
+            key = (0, tuple(seq[:n].tolist()))
+            observed[idx % rows][key] = observed[idx % rows].get(key, 0) + 1
+    for i, (temp, top_k, top_p) in enumerate(MIXED_ROWS):
+        dist = _exact_sequence_distribution(target, inputs[i:i + 1], Sampler(temp, top_k, top_p), max_len)
+        if temp == 0:  # the greedy row: one sequence, always
+            assert list(observed[i].values()) == [5 * per_chunk]
+            assert dist[next(iter(observed[i]))] == pytest.approx(1.0)
+            continue
+        result, bins = _chi_square(observed[i], dist, {0: 5 * per_chunk})
+        print(f"\nrow {i} {MIXED_ROWS[i]} gamma={gamma}: bins={bins} chi2={result.statistic:.1f} "
+              f"p={result.pvalue:.3f}")
+        assert result.pvalue > SIGNIFICANCE

@@ -86,3 +86,88 @@ def test_target_without_draft_is_an_error(tmp_path, checkpoints, capsys):
     rc = main(["generate", "--target", str(checkpoints[0]), "--input", str(src), "--output",
                str(tmp_path / "o.txt")])
     assert rc == 2 and "--draft" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------------------------------------
+# What a new user hit (issue 14, item 5)
+
+
+def test_checkpoint_folder_vocabulary_is_used_before_t5s(tmp_path, capsys):
+    """A checkpoint shipping its own spiece.model (the default pair's 8k vocabulary) decodes with it, and
+    the report says which vocabulary was used; load_checkpoint's default dtype equals load_default_pair's."""
+    import shutil
+
+    import specjax
+    from specjax.defaults import DEFAULT_PAIR
+    target, _, tok = specjax.load_default_pair()
+    root = tmp_path / "pair"
+    for name in ("target", "draft_distilled"):
+        shutil.copytree(DEFAULT_PAIR / name, root / name)
+    assert (root / "target" / "spiece.model").is_file()
+    loaded = specjax.load_checkpoint(root / "target")
+    assert loaded.config.dtype == target.config.dtype == "float32"
+    src = tmp_path / "in.txt"
+    src.write_text("A man is riding a bicycle.\n", encoding="utf-8")
+    out = tmp_path / "out.txt"
+    rc = main(["generate", "--target", str(root / "target"), "--draft", str(root / "draft_distilled"),
+               "--input", str(src), "--output", str(out), "--max-decode-length", "16"])
+    assert rc == 0
+    assert "the target checkpoint's own vocabulary" in capsys.readouterr().err
+    x = tok.encode_batch(["A man is riding a bicycle."])
+    base = temperature_sample(target, x, max_decode_length=16, temperature=0)
+    assert out.read_text(encoding="utf-8") == tok.decode(np.asarray(base.sequences)[0]) + "\n"
+
+
+def test_gamma_above_max_decode_length_is_clipped_and_each_batch_decoded_once(tmp_path, checkpoints, capsys,
+                                                                              monkeypatch):
+    import specjax.decoding as decoding
+    calls = []
+    real = decoding.speculative_sample
+
+    def counting(*args, **kwargs):
+        calls.append(kwargs["gamma"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(decoding, "speculative_sample", counting)
+    rc, out = _run(tmp_path, checkpoints, "--gamma", "1000", "--batch-size", "4")
+    assert rc == 0 and len(out.read_text(encoding="utf-8").splitlines()) == len(LINES)
+    assert calls == [6, 6]  # two batches, each decoded once (the warm-up only compiles), gamma clipped to 6
+    assert "using gamma 6" in capsys.readouterr().err
+
+
+def test_empty_and_non_utf8_inputs_are_clear_errors(tmp_path, checkpoints, capsys):
+    target, draft, _ = checkpoints
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    base = ["generate", "--target", str(target), "--draft", str(draft), "--tokenizer", str(SPIECE)]
+    rc = main(base + ["--input", str(empty), "--output", str(tmp_path / "o.txt")])
+    assert rc == 2 and "has no lines" in capsys.readouterr().err
+    assert not (tmp_path / "o.txt").exists()
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes("fine\nM\u00fcller\n".encode("latin-1"))
+    rc = main(base + ["--input", str(latin), "--output", str(tmp_path / "o.txt")])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"{latin}, line 2: not UTF-8" in err
+
+
+def test_demo_refuses_bad_flags_before_loading_models(monkeypatch, capsys):
+    import specjax.defaults
+    monkeypatch.setattr(specjax.defaults, "load_default_pair",
+                        lambda *a, **k: (_ for _ in ()).throw(AssertionError("loaded models")))
+    assert main(["demo", "--gamma", "0"]) == 2
+    assert "--gamma must be >= 1" in capsys.readouterr().err
+
+
+def test_translate_has_truncate(capsys):
+    assert main(["translate", "--max-input-length", "3", "--truncate", "--max-decode-length", "4",
+                 "A man is riding a bicycle down the street."]) == 0
+    assert main(["translate", "--max-input-length", "3", "--max-decode-length", "4",
+                 "A man is riding a bicycle down the street."]) == 2
+    assert "--truncate" in capsys.readouterr().err
+
+
+def test_mesh_error_names_each_suggestion_once():
+    from specjax import parallel
+    with pytest.raises(ValueError) as e:
+        parallel.make_mesh("data:2,model:2")
+    assert str(e.value).count("data:1,model:1") == 1

@@ -44,7 +44,7 @@ def test_eight_devices_and_mesh_shape(eight_devices):
     assert eight_devices["mesh_shape"] == {"data": 2, "model": 4}
 
 
-@pytest.mark.parametrize("case", ["greedy", "sampled", "speculative_sampled"])
+@pytest.mark.parametrize("case", ["greedy", "sampled", "speculative_sampled", "speculative_mixed"])
 def test_identical_to_one_device(eight_devices, case):
     r = eight_devices[case]
     assert r["data_parallel_equal"], f"{case}: data parallel over 8 devices differs from one device"
@@ -72,9 +72,15 @@ def test_data_parallel_loops_are_per_device(eight_devices):
     assert eight_devices["data_parallel_collectives"] == []
 
 
+def test_pmap_over_the_core_equals_one_device(eight_devices):
+    assert eight_devices["pmap_equal"], "jax.pmap over speculative_sample differs from one device"
+
+
 def test_no_recompilation_for_same_shapes(eight_devices):
     before, after = eight_devices["compiled_programs"]
-    assert before == 6  # (greedy, sampled, speculative) x (data parallel, mesh)
+    # (temperature_sample, speculative_sample) x (data parallel, mesh): sampling values are traced arrays,
+    # so greedy and sampled calls (and mixed per-row settings) share one program.
+    assert before == 4
     assert after == before
 
 

@@ -70,7 +70,7 @@ def _target_dtype(flat: dict[str, np.ndarray], dtype: Any) -> str:
     return stored.pop() if len(stored) == 1 and next(iter(stored)) in _DTYPES else "float32"
 
 
-def load_checkpoint(path: str | os.PathLike, *, dtype: Any = None, **config_overrides) -> T5Model:
+def load_checkpoint(path: str | os.PathLike, *, dtype: Any = "float32", **config_overrides) -> T5Model:
     """Loads a T5 checkpoint of any supported format into a ``T5Model``.
 
     Formats (detected, see ``detect_format``): Hugging Face directory (``config.json`` +
@@ -82,8 +82,10 @@ def load_checkpoint(path: str | os.PathLike, *, dtype: Any = None, **config_over
 
     Args:
       path: local path, or ``gs://`` for T5X checkpoints (TensorStore gcs driver; untested).
-      dtype: "float32", "bfloat16" or "float16" (parameters and compute), or None to keep the stored dtype
-        (float32 when the checkpoint mixes dtypes).
+      dtype: "float32" (the default everywhere in specjax: ``load_default_pair``, ``specjax generate``,
+        ``translate``, ``bench``, so the same weights give the same greedy text wherever they are loaded),
+        "bfloat16" or "float16" (parameters and compute; bfloat16 is what a TPU runs T5-XXL in), or None to
+        keep the stored dtype (float32 when the checkpoint mixes dtypes).
       **config_overrides: ``T5Config`` fields to set, e.g. ``relative_attention_max_distance`` or ``name``
         (T5X checkpoints do not store them).
     Returns:

@@ -26,15 +26,18 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Runs the demo; returns 0."""
+    """Runs the demo; returns 0. Raises ValueError for bad flags before loading any model."""
+    for name in ("num_lines", "gamma", "max_decode_length"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}.")
+    if args.temperature < 0:
+        raise ValueError(f"--temperature must be >= 0, got {args.temperature} (0 = greedy).")
     import numpy as np
     from tqdm.auto import tqdm
 
     from specjax import bench
     from specjax.defaults import demo_sentences, load_default_pair
 
-    if args.num_lines < 1:
-        raise ValueError("--num-lines must be >= 1.")
     target, draft, tokenizer = load_default_pair(args.draft)
     lines, origin = demo_sentences(args.num_lines)
     print(f"target: {target.config.name} ({target.num_params / 1e6:.1f}M params), "
@@ -48,9 +51,9 @@ def run(args: argparse.Namespace) -> int:
     for src, ids in zip(lines, m.sequences("spec")):
         print(f"EN: {src}\nDE: {tokenizer.decode(ids)}\n")
     same = all(np.array_equal(a, b) for a, b in zip(m.sequences("spec"), m.sequences("base")))
-    alpha = bench.alpha_from_tokens_per_call(m.tokens_per_target_call, args.gamma)
-    print(f"acceptance rate alpha      {alpha:.3f} per token (the paper's alpha, from tokens per call); "
-          f"accepted/drafted {m.acceptance_rate:.3f}  (gamma={args.gamma}, temperature={args.temperature:g})")
+    print(f"acceptance rate alpha      {m.acceptance_rate:.3f}  (the paper's alpha: mean of beta = sum min(p, q) "
+          f"over verified positions; gamma={args.gamma}, temperature={args.temperature:g})")
+    print(f"accepted / drafted         {m.accepted_fraction:.3f}")
     print(f"tokens per target call     {m.tokens_per_target_call:.2f}")
     print(f"speculative_sample         {m.output_tokens / m.spec_seconds:8.1f} tokens/s")
     print(f"temperature_sample         {m.output_tokens / m.base_seconds:8.1f} tokens/s (target alone)")

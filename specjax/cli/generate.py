@@ -47,8 +47,9 @@ def add_parser(sub) -> None:
     p.add_argument("--batch-size", type=int, default=32, help="rows per decode call (default 32)")
     p.add_argument("--max-input-length", type=int, default=512, help="most input tokens per line (with EOS)")
     p.add_argument("--truncate", action="store_true", help="cut longer inputs instead of failing")
-    p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
-                   help="cast both models to this dtype (default: as stored)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="parameters and compute of both models (default float32, as load_checkpoint and "
+                        "load_default_pair; bfloat16 halves memory, e.g. for T5-XXL on TPU)")
     p.add_argument("--compare-baseline", action="store_true",
                    help="also run temperature_sample (target alone) on the same batches and print the speedup")
     p.add_argument("--data-parallel", action="store_true",
@@ -86,10 +87,8 @@ def _load(args):
     if args.target:
         target = load_checkpoint(args.target, dtype=args.dtype)
         draft = load_checkpoint(args.draft, dtype=args.dtype)
-        tokenizer_path = args.tokenizer or DEFAULT_TOKENIZER
-        if not os.path.exists(tokenizer_path):
-            raise FileNotFoundError(
-                f"No tokenizer at {tokenizer_path!r}; pass --tokenizer SPIECE_MODEL (T5's spiece.model).")
+        tokenizer_path, origin = _tokenizer_path(args)
+        print(f"tokenizer: {tokenizer_path} ({origin})", file=sys.stderr)
         return target, draft, Tokenizer(tokenizer_path)
     try:
         import specjax
@@ -104,6 +103,39 @@ def _load(args):
     if args.tokenizer:
         tokenizer = Tokenizer(args.tokenizer)
     return target, draft, tokenizer
+
+
+def _tokenizer_path(args) -> tuple[str, str]:
+    """The vocabulary for --target/--draft: --tokenizer, else the checkpoint's own ``spiece.model`` (in the
+    target's folder or the one above, where ``specjax convert`` and Hugging Face exports put it), else T5's
+    32k model from ../shared/data. Returns (path, where it came from)."""
+    if args.tokenizer:
+        return args.tokenizer, "--tokenizer"
+    base = args.target if os.path.isdir(args.target) else os.path.dirname(args.target)
+    for folder in (base, os.path.dirname(os.path.abspath(base))):
+        candidate = os.path.join(folder, "spiece.model")
+        if os.path.isfile(candidate):
+            return candidate, "the target checkpoint's own vocabulary"
+    if os.path.exists(DEFAULT_TOKENIZER):
+        return DEFAULT_TOKENIZER, "T5's 32k vocabulary; the checkpoint ships no spiece.model"
+    raise FileNotFoundError(f"No spiece.model beside {args.target!r} and none at {DEFAULT_TOKENIZER!r}; pass "
+                            "--tokenizer SPIECE_MODEL (the vocabulary the checkpoint was trained with).")
+
+
+def _read_lines(path: str) -> list[str]:
+    """The input lines of ``path`` (or stdin for "-"), decoded as UTF-8; an undecodable line raises
+    ValueError naming the file and line."""
+    data = sys.stdin.buffer.read() if path == "-" else open(path, "rb").read()
+    lines = data.splitlines()
+    out = []
+    for i, raw in enumerate(lines):
+        try:
+            out.append(raw.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            name = "stdin" if path == "-" else path
+            raise ValueError(f"{name}, line {i + 1}: not UTF-8 text ({e.reason} at byte {e.start}); convert the "
+                             "file to UTF-8 (e.g. iconv -f latin1 -t utf-8).") from None
+    return out
 
 
 def _lines_done(path: str) -> int:
@@ -125,6 +157,10 @@ def _validate(args):
     for name in ("gamma", "batch_size", "max_decode_length", "max_input_length"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}.")
+    if args.gamma > args.max_decode_length:
+        print(f"note: --gamma {args.gamma} is more than --max-decode-length {args.max_decode_length}; using gamma "
+              f"{args.max_decode_length} (no iteration can use more drafts).", file=sys.stderr)
+        args.gamma = args.max_decode_length
     if args.input != "-" and not os.path.exists(args.input):
         raise FileNotFoundError(f"No input file {args.input!r}.")
     if args.output != "-" and os.path.abspath(args.output) == os.path.abspath(args.input):
@@ -149,11 +185,10 @@ def run(args: argparse.Namespace) -> int:
 
     from specjax.decoding import speculative_sample, temperature_sample
 
-    if args.input == "-":
-        lines = sys.stdin.read().splitlines()
-    else:
-        with open(args.input, encoding="utf-8") as f:
-            lines = f.read().splitlines()
+    lines = _read_lines(args.input)
+    if not lines:
+        raise ValueError(f"{'stdin' if args.input == '-' else args.input} has no lines; nothing to decode "
+                         "(one input per line).")
     done = _lines_done(args.output)
     report = sys.stderr if args.output == "-" else sys.stdout
     if done >= len(lines):
@@ -178,16 +213,23 @@ def run(args: argparse.Namespace) -> int:
     common = dict(max_decode_length=args.max_decode_length, temperature=args.temperature, top_k=args.top_k,
                   top_p=args.top_p, eos_id=eos, max_input_length=args.max_input_length)
     stats = dict(tokens=0, spec_time=0.0, base_time=0.0, base_tokens=0, drafted=0, accepted=0, calls=0,
-                 dropped_ids=0)
+                 dropped_ids=0, beta_sum=0.0, verified=0)
     warm = set()
+    from specjax.decoding import lower_speculative_sample, lower_temperature_sample
 
     def timed(fn, x, keys, key_shape, **kw):
-        if key_shape not in warm:  # compile first, untimed
-            fn(x, keys, **kw)
+        if key_shape not in warm:  # compile first (ahead of time, nothing decoded), untimed
+            if runner.mode == "single":
+                lower = lower_speculative_sample if key_shape[0] == "spec" else lower_temperature_sample
+                models = (target, draft) if key_shape[0] == "spec" else (target,)
+                extra = dict(gamma=args.gamma) if key_shape[0] == "spec" else {}
+                lower(*models, x, rng=keys, **extra, **common).compile()
             warm.add(key_shape)
         start = time.perf_counter()
         result = fn(x, keys, **kw)
-        return result, time.perf_counter() - start
+        jax.block_until_ready(result)
+        seconds = time.perf_counter() - start
+        return jax.device_get(result), seconds
 
     def spec(x, keys, **kw):
         return runner(speculative_sample, target, draft, x, rng=keys, gamma=args.gamma, **common)
@@ -218,6 +260,8 @@ def run(args: argparse.Namespace) -> int:
             stats["drafted"] += int(r.num_draft_tokens[real].sum())
             stats["accepted"] += int(r.num_accepted[real].sum())
             stats["calls"] += int(r.num_target_calls[real].sum())
+            stats["beta_sum"] += float(r.beta_sum[real].sum())
+            stats["verified"] += int(r.num_verified[real].sum())
             if args.compare_baseline:
                 b, seconds = timed(base, x, keys, ("base", width))
                 stats["base_time"] += seconds
@@ -237,13 +281,15 @@ def run(args: argparse.Namespace) -> int:
             out.close()
 
     n_lines = len(encoded)
-    alpha = stats["accepted"] / stats["drafted"] if stats["drafted"] else float("nan")
+    alpha = stats["beta_sum"] / stats["verified"] if stats["verified"] else float("nan")
+    fraction = stats["accepted"] / stats["drafted"] if stats["drafted"] else float("nan")
     per_call = stats["tokens"] / stats["calls"] if stats["calls"] else float("nan")
     tps = stats["tokens"] / stats["spec_time"] if stats["spec_time"] else float("nan")
     print(f"lines {n_lines}, tokens {stats['tokens']}, gamma {args.gamma}, temperature {args.temperature}",
           file=report)
-    print(f"acceptance rate {alpha:.3f}, tokens per target call {per_call:.2f}, "
-          f"speculative {tps:.1f} tokens/s (compilation excluded)", file=report)
+    print(f"acceptance rate alpha {alpha:.3f} (the paper's, per token), accepted/drafted {fraction:.3f}, "
+          f"tokens per target call {per_call:.2f}, speculative {tps:.1f} tokens/s (compilation excluded)",
+          file=report)
     if args.compare_baseline:
         base_tps = stats["base_tokens"] / stats["base_time"] if stats["base_time"] else float("nan")
         speedup = stats["base_time"] / stats["spec_time"] if stats["spec_time"] else float("nan")

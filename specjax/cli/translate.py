@@ -18,6 +18,9 @@ def add_parser(sub) -> None:
     p.add_argument("--tokenizer", help="SentencePiece model for --target/--draft checkpoints")
     p.add_argument("--prefix", default="", help='task prefix, e.g. "translate English to German: "')
     add_decoding_args(p, gamma=3, max_decode_length=64)
+    p.add_argument("--max-input-length", type=int, default=512, help="input tokens at most (default 512)")
+    p.add_argument("--truncate", action="store_true",
+                   help="cut longer inputs to --max-input-length tokens (ending in EOS) instead of refusing them")
     p.set_defaults(func=run)
 
 
@@ -25,8 +28,7 @@ def run(args: argparse.Namespace) -> int:
     """Translates and prints one line per input, then alpha and tokens per target call."""
     import jax
 
-    from specjax import bench
-    from specjax.decoding import speculative_sample
+    from specjax.decoding import inputs, speculative_sample
 
     empty = [i for i, t in enumerate(args.text) if not t.strip()]
     if empty:
@@ -48,11 +50,13 @@ def run(args: argparse.Namespace) -> int:
 
         target, draft, tokenizer = load_default_pair()
     rows = [tokenizer.encode(args.prefix + t) for t in args.text]
-    (x,) = bench.pad_batches(rows, batch_size=len(rows))
-    r = speculative_sample(target, draft, x, rng=jax.random.PRNGKey(args.seed), gamma=args.gamma,
-                           max_decode_length=args.max_decode_length, temperature=args.temperature,
-                           top_k=args.top_k, top_p=args.top_p)
+    (x,) = inputs.batches(rows, batch_size=len(rows))
+    r = jax.device_get(speculative_sample(
+        target, draft, x, rng=jax.random.PRNGKey(args.seed), gamma=args.gamma,
+        max_decode_length=args.max_decode_length, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+        max_input_length=args.max_input_length, truncate=args.truncate))
     for seq, n in zip(r.sequences, r.lengths):
         print(tokenizer.decode(seq[:n]))
-    print(f"# acceptance rate {r.acceptance_rate:.3f}, tokens per target call {r.tokens_per_target_call:.2f}")
+    print(f"# acceptance rate alpha {r.acceptance_rate:.3f} (the paper's, per token), accepted/drafted "
+          f"{r.accepted_fraction:.3f}, tokens per target call {r.tokens_per_target_call:.2f}")
     return 0
