@@ -266,10 +266,18 @@ def _drop_axis(rules: Rules, keep: str) -> Rules:
 # Activations: a DecodingModel wrapper that pins encoder outputs, caches and logits to the mesh
 
 
-_ENCODED_AXES = t5.Encoded(mask=("batch", "length"), cross_k=("layers", "batch", "length", "heads", "kv"),
-                           cross_v=("layers", "batch", "length", "heads", "kv"))
-_CACHE_AXES = t5.KVCache(k=("layers", "batch", "length", "heads", "kv"),
-                         v=("layers", "batch", "length", "heads", "kv"))
+_PER_LAYER = ("batch", "heads", "length", "kv")  # t5's per-layer caches and cross K/V: [b, n, L | s, h]
+
+
+def _encoded_axes(encoded: t5.Encoded) -> t5.Encoded:
+    """Logical axes of ``t5.Encoded`` (mask [b, s]; per-layer cross K/V [b, n, s, h])."""
+    return t5.Encoded(("batch", "length"), tuple(_PER_LAYER for _ in encoded.cross_k),
+                      tuple(_PER_LAYER for _ in encoded.cross_v))
+
+
+def _cache_axes(cache: t5.KVCache) -> t5.KVCache:
+    """Logical axes of ``t5.KVCache`` (per-layer k, v [b, n, L, h])."""
+    return t5.KVCache(tuple(_PER_LAYER for _ in cache.k), tuple(_PER_LAYER for _ in cache.v))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -294,18 +302,20 @@ class _MeshT5Decoding:
         return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))
 
     def _pin_tree(self, tree, axes):
-        return jax.tree_util.tree_map(self._pin, tree, axes, is_leaf=lambda a: isinstance(a, tuple) and all(
-            isinstance(n, (str, type(None))) for n in a))
+        # axes mirror ``tree`` down to its arrays; each array's entry is a tuple of logical names.
+        return jax.tree_util.tree_map(self._pin, tree, axes)
 
     def encode(self, params, encoder_input_tokens):
-        return self._pin_tree(self.inner.encode(params, encoder_input_tokens), _ENCODED_AXES)
+        encoded = self.inner.encode(params, encoder_input_tokens)
+        return self._pin_tree(encoded, _encoded_axes(encoded))
 
     def decode(self, params, encoded, tokens, cache, positions):
         logits, cache = self.inner.decode(params, encoded, tokens, cache, positions)
-        return self._pin(logits, ("batch", None, None)), self._pin_tree(cache, _CACHE_AXES)
+        return self._pin(logits, ("batch", None, None)), self._pin_tree(cache, _cache_axes(cache))
 
     def init_cache(self, batch, length):
-        return self._pin_tree(self.inner.init_cache(batch, length), _CACHE_AXES)
+        cache = self.inner.init_cache(batch, length)
+        return self._pin_tree(cache, _cache_axes(cache))
 
 
 # ----------------------------------------------------------------------------------------------------------
