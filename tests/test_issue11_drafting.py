@@ -16,11 +16,10 @@ import specjax
 from specjax import PromptLookupDraft, T5Model, speculative_sample, temperature_sample
 from specjax import bench
 from specjax.decoding.block import block_acceptance, block_verify
-from specjax.decoding.drafts import ModelDraft
 from specjax.decoding.verify import token_verify
-from specjax.sampling import Sampler, SamplingParams
-from test_decoding import (SIGNIFICANCE, _chi_square, _exact_sequence_distribution, _inputs, _perturbed, _scaled,
-                           _t5_config, tiny_pair)  # noqa: F401 (tiny_pair is a fixture)
+from specjax.sampling import Sampler
+from test_decoding import (SIGNIFICANCE, _chi_square, _exact_sequence_distribution, _inputs, _perturbed, _t5_config,
+                           tiny_pair)  # noqa: F401 (tiny_pair is a fixture)
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ Hugging Face's ``prompt_lookup_num_tokens``, vLLM's n-gram proposer). Its propos
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from typing import Any, Protocol
 
 import jax
@@ -101,7 +102,7 @@ class ModelDraft:
 
     def __post_init__(self):
         c = self.confidence_threshold
-        if c is not None and (isinstance(c, bool) or not isinstance(c, (int, float)) or not 0.0 <= c <= 1.0):
+        if c is not None and (isinstance(c, bool) or not isinstance(c, numbers.Real) or not 0.0 <= c <= 1.0):
             raise ValueError(f"draft_confidence_threshold must be None or a number in [0, 1], got {c!r}; "
                              "try 0.3 to 0.6 (None drafts gamma tokens every iteration).")
         if c is not None:
