@@ -339,11 +339,13 @@ class _Call(NamedTuple):
 
 def _split_call(fn: Callable, args, kwargs) -> _Call:
     if not callable(fn):
-        raise ValueError(f"fn must be a sampler such as specjax.speculative_sample or specjax.temperature_sample, "
+        raise ValueError(f"fn must be a sampler such as specjax.temperature_sample or specjax.speculative_sample, "
                          f"got {fn!r}.")
     if len(args) < 2:
-        raise ValueError("pass the sampler's arguments: fn, then its models, then encoder_input_tokens int[b, s] "
-                         "(e.g. data_parallel_sample(specjax.speculative_sample, target, draft, tokens, ...)).")
+        raise ValueError(f"got {fn!r} with {len(args)} argument(s); pass a sampler such as "
+                         "specjax.temperature_sample or specjax.speculative_sample, then its models, then "
+                         "encoder_input_tokens int[b, s] (e.g. data_parallel_sample(specjax.speculative_sample, "
+                         "target, draft, tokens, gamma=3, max_decode_length=64)).")
     check = getattr(fn, "check_arguments", None)
     if check is not None:  # every value check, eagerly, before anything compiles
         check(*args, **kwargs)

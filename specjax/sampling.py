@@ -30,7 +30,7 @@ import numpy as np
 
 __all__ = [
     "SamplingParams", "Sampler", "warp", "sample_from", "sample_rows", "acceptance_probability", "residual",
-    "accept_or_resample", "validate_sampling",
+    "accept_or_resample", "validate_sampling", "overlap",
 ]
 
 
@@ -206,6 +206,21 @@ def residual(p: jax.Array, q: jax.Array) -> jax.Array:
     diff = jnp.maximum(q - p, 0.0)
     total = jnp.sum(diff, axis=-1, keepdims=True)
     return jnp.where(total > 0, diff / jnp.where(total > 0, total, 1.0), q)
+
+
+def overlap(p: jax.Array, q: jax.Array) -> jax.Array:
+    """The paper's β = Σ_x min(p(x), q(x)) (Leviathan et al. 2023, definition 3.1): the chance a token drawn
+    from ``p`` is accepted against ``q``.
+
+    Computed as ``1 − ½ Σ_x |p(x) − q(x)|`` (equal for distributions, since ``min(a, b) = (a + b − |a − b|)/2``),
+    so that ``p == q`` gives exactly 1.0 in float32 whatever the rounding of ``Σ p``; clipped to [0, 1].
+
+    Args:
+      p, q: float32 [..., v] distributions (each summing to 1).
+    Returns:
+      float32 [...].
+    """
+    return jnp.clip(1.0 - 0.5 * jnp.sum(jnp.abs(p - q), axis=-1), 0.0, 1.0)
 
 
 def accept_or_resample(key: jax.Array, draft_tokens: jax.Array, p: jax.Array, q: jax.Array,

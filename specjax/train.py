@@ -138,6 +138,8 @@ def tokenize_pairs(tokenizer, sources: Sequence[str], targets: Sequence[str | Se
     ``targets`` may already be token id lists (e.g. a teacher's outputs, EOS included).
     Returns (src, tgt): lists of int32 arrays.
     """
+    from specjax.tokenizer import as_tokenizer
+    tokenizer = as_tokenizer(tokenizer)  # also a seqio.SentencePieceVocabulary or a model path
     cap = BUCKETS[-1]
 
     def clip(ids):

@@ -41,3 +41,19 @@ def spiece_model(data_dir) -> Path:
     if not path.is_file():
         pytest.fail(f"{path} is missing; the shared data checkout is incomplete.")
     return path
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Runs the tests that import TensorFlow (tests/test_seqio.py, the ``seqio`` extra) last.
+
+    TensorFlow brings its own LLVM and protobuf; once it is loaded, a later XLA compile in the same process
+    was seen to crash with a segmentation fault (in ``backend_compile_and_load``, from tests/test_train.py).
+    Every other test therefore runs before TensorFlow is imported.
+    """
+    items.sort(key=lambda item: item.nodeid.split("::")[0].endswith("test_seqio.py"))  # stable: keeps the rest
+
+
+def pytest_collection_finish(session):
+    """No "no tests collected" run: an empty collection is an error (CI must really test something)."""
+    if not session.items and not session.config.option.collectonly:
+        raise pytest.UsageError("no tests collected; run `python -m pytest -q tests` from the repository root.")

@@ -105,9 +105,14 @@ def test_bfloat16_round_trip_and_dtype_cast(tiny_model, tmp_path):
     bf16 = tiny_model.astype("bfloat16")
     for fmt in ("hf", "t5x"):
         specjax.save_checkpoint(bf16, tmp_path / fmt, format=fmt)
-        back = specjax.load_checkpoint(tmp_path / fmt)
+        back = specjax.load_checkpoint(tmp_path / fmt, dtype=None)  # None keeps the stored dtype
         assert back.config.param_dtype == "bfloat16"
         assert_same_params(back.params, bf16.params)
+        default = specjax.load_checkpoint(tmp_path / fmt)  # the one default everywhere: float32
+        assert default.config.param_dtype == "float32"
+        stored = flatten(bf16.params)
+        for name, x in flatten(default.params).items():  # bf16 -> float32 is exact
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(stored[name], np.float32), err_msg=name)
     cast = specjax.load_checkpoint(tmp_path / "hf", dtype="float32")
     assert cast.config.dtype == "float32"
     assert {np.asarray(x).dtype.name for x in flatten(cast.params).values()} == {"float32"}

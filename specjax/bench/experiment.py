@@ -165,6 +165,8 @@ def run_row(target, draft, tokenizer, row: BenchRow, *, batch_sizes: Sequence[in
     Raises:
       FileNotFoundError: missing input or reference file. ValueError: as ``measure_pair``.
     """
+    from specjax.tokenizer import as_tokenizer
+    tokenizer = as_tokenizer(tokenizer)  # also a seqio.SentencePieceVocabulary or a model path
     lines = read_lines(row.input, row.num_inputs)
     if not lines:
         raise ValueError(f"{row.input} has no lines.")

@@ -44,10 +44,13 @@ def encode_inputs(tokenizer, lines: Sequence[str], prefix: str, max_input_length
     (as ``truncate=True`` in the decode functions does), so batches stay small.
 
     Args:
-      tokenizer: a ``specjax.Tokenizer`` (``encode`` appends EOS; ``eos_id``).
+      tokenizer: a ``specjax.Tokenizer``, a ``seqio.SentencePieceVocabulary`` or a SentencePiece model path
+        (``specjax.tokenizer.as_tokenizer``; ``encode`` appends EOS).
     Returns:
       one list of int ids per line.
     """
+    from specjax.tokenizer import as_tokenizer
+    tokenizer = as_tokenizer(tokenizer)
     out = []
     for line in lines:
         ids = tokenizer.encode(prefix + line)

@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax.decoding.verify import Proposal, Verdict, _greedy_verdict, _one_hot_probs
-from specjax.sampling import SamplingParams, sample_rows
+from specjax.sampling import SamplingParams, overlap, sample_rows
 
 __all__ = ["BlockVerifier", "block_verify", "block_acceptance"]
 
@@ -105,7 +105,7 @@ def block_verify(keys, drafted, p, q, lengths=None):
     next_token = sample_rows(next_keys, residuals[jnp.arange(b), tau])
     if lengths is not None:
         p = jnp.where((jnp.arange(g)[None, :] < lengths[:, None])[..., None], p, 0.0)
-    beta = jnp.sum(jnp.minimum(p, q[:, :g]), axis=-1)  # [b, g]
+    beta = overlap(p, q[:, :g])  # [b, g]
     return tau.astype(jnp.int32), next_token, beta
 
 

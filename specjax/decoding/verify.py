@@ -18,7 +18,7 @@ from typing import NamedTuple, Protocol
 import jax
 import jax.numpy as jnp
 
-from specjax.sampling import SamplingParams, residual, sample_rows
+from specjax.sampling import SamplingParams, overlap, residual, sample_rows
 
 __all__ = ["Proposal", "Verdict", "Verifier", "TokenVerifier", "token_verify", "get_verifier"]
 
@@ -91,7 +91,7 @@ def token_verify(keys, drafted, p, q, lengths=None):
     p_pad = jnp.concatenate([p, jnp.zeros_like(p[:, :1])], axis=1)  # [b, k, v]; p = 0 at the bonus slot
     next_dist = residual(p_pad[rows, num_accepted], q[rows, num_accepted])  # residual(0, q) = q
     next_token = sample_rows(next_keys, next_dist)
-    beta = jnp.sum(jnp.minimum(p, q[:, :g]), axis=-1)  # [b, g]
+    beta = overlap(p, q[:, :g])  # [b, g]
     return num_accepted.astype(jnp.int32), next_token, beta
 
 
