@@ -15,6 +15,7 @@ from specjax.decoding.inputs import DecodeConfig, prepare_tokens, raw_keys, row_
 from specjax.decoding.loop import split_rows
 from specjax.decoding.model import DecodingModel, as_decoding_model
 from specjax.decoding.result import Counters, DecodeResult
+from specjax.decoding.xla_cpu import TunedJit
 from specjax.sampling import SamplingParams, sample_rows
 
 __all__ = ["temperature_sample", "lower_temperature_sample"]
@@ -73,7 +74,8 @@ def _baseline_loop(model: DecodingModel, config: DecodeConfig, params, encoder_i
     return DecodeResult.from_loop(final.sequences, final.lengths, counters)
 
 
-_baseline_jit = jax.jit(_baseline_loop, static_argnums=(0, 1))
+# Arguments: (model, config, params, tokens [b, s], key, sampling); one token per step: b rows per dot.
+_baseline_jit = TunedJit(_baseline_loop, (0, 1), lambda *a: a[3].shape[0])
 
 
 def _baseline_args(model, encoder_input_tokens, rng, max_decode_length, temperature, top_k, top_p, eos_id,

@@ -28,6 +28,7 @@ from specjax.decoding.inputs import DecodeConfig, prepare_tokens, raw_keys, row_
 from specjax.decoding.model import DecodingModel, as_decoding_model
 from specjax.decoding.result import Counters, DecodeResult
 from specjax.decoding.verify import Proposal, Verdict, get_verifier
+from specjax.decoding.xla_cpu import TunedJit
 from specjax.sampling import SamplingParams
 
 __all__ = ["speculative_sample", "lower_speculative_sample"]
@@ -134,7 +135,9 @@ def _speculative_loop(target: DecodingModel, draft: DraftSource, config: DecodeC
     return DecodeResult.from_loop(final.sequences, final.positions, final.counters)
 
 
-_speculative_jit = jax.jit(_speculative_loop, static_argnums=(0, 1, 2))
+# Arguments: (target, draft, config, target_params, draft_params, tokens [b, s], key, sampling); the largest
+# dot is the target's window, b x (gamma + 1) rows.
+_speculative_jit = TunedJit(_speculative_loop, (0, 1, 2), lambda *a: a[5].shape[0] * (a[2].gamma + 1))
 
 
 def as_draft_source(draft) -> tuple[DraftSource, Any]:

@@ -1,0 +1,88 @@
+"""XLA:CPU compile options for the decode loops: chosen from a profile, applied only on CPU, never over a
+user's ``XLA_FLAGS``.
+
+What the trace showed (issue 10; ``benchmarks/step_cost.py``, ``benchmarks/results/profile_after.md``): at
+batch 1 the target's (γ + 1)-token verification window spent its time in XLA:CPU's YNNPACK dot fusions
+(``ynn_fusion`` thunks), 2.3-3× one step, while the same dots run by XLA:CPU's own dot thunks cost 1.4-1.5×
+one step (the weights are streamed once for the few rows either way; on this 2-core CPU the decode is bound
+by reading the weights from memory). YNNPACK wins again once a dot has many rows (batch 32 × a 4-token window:
+its window was 1.1× faster). So the loops are compiled with ``xla_cpu_experimental_ynn_fusion_type=""`` (no
+YNNPACK fusions) and ``xla_cpu_use_xnnpack=false`` (window 1.37× a step instead of 1.49× with the first
+alone) when the largest dot has at most ``SMALL_DOT_ROWS`` rows (``b × window``), and with XLA's
+defaults otherwise.
+
+The options are per program (``jax.jit(..., compiler_options=...)``), so nothing global changes. They are not
+used: on any backend but CPU; when ``XLA_FLAGS`` mentions one of them (the user's choice wins); when
+``SPECJAX_XLA_CPU_OPTIONS=0``; inside a user's ``jax.jit`` / ``shard_map`` / ``pmap`` (XLA takes compile
+options only for a top-level program: the user's own jit then decides).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+import jax
+
+__all__ = ["SMALL_DOT_ROWS", "SMALL_DOT_OPTIONS", "YNN_FUSION_OPTION", "cpu_compiler_options", "TunedJit"]
+
+YNN_FUSION_OPTION = "xla_cpu_experimental_ynn_fusion_type"
+SMALL_DOT_ROWS = 32
+"""Largest ``b × window`` (rows of the biggest decode dot) compiled with ``SMALL_DOT_OPTIONS`` on CPU."""
+SMALL_DOT_OPTIONS = ((YNN_FUSION_OPTION, ""), ("xla_cpu_use_xnnpack", False))
+"""No YNNPACK fusions and no XNNPACK: XLA:CPU's own dot thunks (measured best for few-row dots, see above)."""
+
+
+def _top_level() -> bool:
+    """True outside any JAX trace (a call that will compile its own top-level program)."""
+    try:
+        from jax._src.core import trace_state_clean
+    except ImportError:  # pragma: no cover - a JAX without it: never pass options
+        return False
+    return trace_state_clean()
+
+
+def cpu_compiler_options(rows: int) -> dict | None:
+    """The compile options for a decode program whose largest dot has ``rows`` rows (``b × window``).
+
+    Returns ``dict(SMALL_DOT_OPTIONS)`` on CPU for ``rows <= SMALL_DOT_ROWS``, else None (XLA's defaults);
+    None on other backends, when ``XLA_FLAGS`` names one of the options, or when ``SPECJAX_XLA_CPU_OPTIONS=0``.
+    """
+    flags = os.environ.get("XLA_FLAGS", "")
+    if os.environ.get("SPECJAX_XLA_CPU_OPTIONS", "1") == "0" or any(name in flags for name, _ in SMALL_DOT_OPTIONS):
+        return None
+    if rows > SMALL_DOT_ROWS or jax.default_backend() != "cpu":
+        return None
+    return dict(SMALL_DOT_OPTIONS)
+
+
+class TunedJit:
+    """``jax.jit(fn, static_argnums=...)`` that, called at top level on CPU, compiles with
+    ``cpu_compiler_options(rows(*args))``; nested in a trace it is the plain jit (inlined by the caller's).
+
+    ``__call__``, ``lower`` and ``_cache_size`` behave as ``jax.jit``'s (the cache size sums every variant).
+    """
+
+    def __init__(self, fn: Callable, static_argnums: tuple[int, ...], rows: Callable[..., int]):
+        self._fn, self._static, self._rows = fn, static_argnums, rows
+        self.plain = jax.jit(fn, static_argnums=static_argnums)
+        self._tuned: dict[tuple, Callable] = {}
+
+    def _pick(self, args):
+        options = cpu_compiler_options(self._rows(*args)) if _top_level() else None
+        if not options:
+            return self.plain
+        key = tuple(sorted(options.items()))
+        if key not in self._tuned:
+            self._tuned[key] = jax.jit(self._fn, static_argnums=self._static, compiler_options=options)
+        return self._tuned[key]
+
+    def __call__(self, *args):
+        return self._pick(args)(*args)
+
+    def lower(self, *args) -> jax.stages.Lowered:
+        """The lowered program ``__call__`` would run (its ``compile()`` uses the same options)."""
+        return self._pick(args).lower(*args)
+
+    def _cache_size(self) -> int:
+        return self.plain._cache_size() + sum(f._cache_size() for f in self._tuned.values())
