@@ -78,7 +78,8 @@ class SamplingParams(NamedTuple):
     """Per-row sampling parameters: a pytree of arrays, traced under ``jax.jit`` (never static).
 
     Attributes:
-      temperature: float32[b], >= 0; 0 is greedy (argmax, first index on ties).
+      temperature: float32[b], >= 0; 0 is greedy (argmax, first index on ties). Concrete values are checked;
+        a traced negative value (unchecked inside jax.jit) is read as 0, greedy.
       top_k: int32[b], keep the ``top_k`` largest logits (ties with the k-th are kept); 0 keeps all.
       top_p: float32[b] in (0, 1]; nucleus sampling (Holtzman et al. 2020) keeps the smallest set of most
         probable tokens whose mass reaches ``top_p`` (ties kept); 1 keeps all.
@@ -116,7 +117,7 @@ class SamplingParams(NamedTuple):
 
     def all_greedy(self) -> jax.Array:
         """bool[]: every row is at temperature 0 (the loops then take the argmax branch)."""
-        return jnp.all(self.temperature == 0)
+        return jnp.all(self.temperature <= 0)
 
 
 def _per_row(x, ndim):
@@ -138,7 +139,7 @@ def warp(logits: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: jax
     """
     logits = jnp.asarray(logits).astype(jnp.float32)
     nd, v = logits.ndim, logits.shape[-1]
-    greedy = temperature == 0
+    greedy = temperature <= 0  # a negative (traced, unchecked) temperature decodes greedily, never garbage
     scaled = logits / _per_row(jnp.where(greedy, 1.0, temperature), nd)
     k_eff = jnp.where((top_k > 0) & (top_k < v), top_k, v)  # [b]
     filtered_rows = ~greedy & ((k_eff < v) | (top_p < 1.0))

@@ -43,6 +43,20 @@ def spiece_model(data_dir) -> Path:
     return path
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _free_compiled_programs():
+    """Drops JAX's compiled programs after each test module.
+
+    A long single pytest process that had compiled several hundred XLA programs was seen to crash with a
+    segmentation fault inside XLA:CPU's compiler (``backend_compile_and_load``; twice, at different tests,
+    jax 0.10.2). The suite therefore runs in two worker processes (``-n 2 --dist loadfile`` in
+    pyproject.toml, pytest-xdist: a worker that crashes fails its test and is replaced, instead of ending the
+    run), and each module starts with empty compilation caches.
+    """
+    yield
+    jax.clear_caches()
+
+
 def pytest_collection_modifyitems(session, config, items):
     """Runs the tests that import TensorFlow (tests/test_seqio.py, the ``seqio`` extra) last.
 

@@ -171,3 +171,36 @@ def test_mesh_error_names_each_suggestion_once():
     with pytest.raises(ValueError) as e:
         parallel.make_mesh("data:2,model:2")
     assert str(e.value).count("data:1,model:1") == 1
+
+
+@pytest.mark.parametrize("flags", [("--verification", "block"), ("--draft-confidence-threshold", "0.5"),
+                                   ("--draft", "prompt-lookup", "--max-ngram", "2")])
+def test_drafting_flags_keep_the_greedy_target_output(tmp_path, checkpoints, flags):
+    """Issue 11 in the CLI: block verification, confidence-stopped drafting and prompt lookup (no draft model)
+    each give token for token the target's greedy output."""
+    target, draft, model = checkpoints
+    src = tmp_path / "in.txt"
+    src.write_text("".join(l + "\n" for l in LINES), encoding="utf-8")
+    out = tmp_path / "out.txt"
+    args = ["generate", "--target", str(target), "--input", str(src), "--output", str(out), "--tokenizer",
+            str(SPIECE), "--max-decode-length", "6", "--gamma", "3", "--batch-size", "4"]
+    if "prompt-lookup" not in flags:
+        args += ["--draft", str(draft)]
+    assert main(args + list(flags)) == 0
+    tok = Tokenizer(SPIECE)
+    base = temperature_sample(model, tok.encode_batch(LINES), rng=0, max_decode_length=6, temperature=0)
+    expected = [tok.decode([t for t in s[:n] if t < tok.vocab_size]) for s, n in zip(base.sequences, base.lengths)]
+    assert out.read_text(encoding="utf-8").split("\n")[:-1] == expected
+
+
+def test_drafting_flag_errors(tmp_path, checkpoints, capsys):
+    target, draft, _ = checkpoints
+    src = tmp_path / "in.txt"
+    src.write_text("Hello\n", encoding="utf-8")
+    base = ["generate", "--target", str(target), "--input", str(src), "--output", str(tmp_path / "o.txt"),
+            "--tokenizer", str(SPIECE)]
+    assert main(base + ["--draft", str(draft), "--draft-confidence-threshold", "1.5"]) == 2
+    assert "--draft-confidence-threshold must be in [0, 1]" in capsys.readouterr().err
+    assert main(base + ["--draft", "prompt-lookup", "--draft-confidence-threshold", "0.5"]) == 2
+    assert "needs a draft model" in capsys.readouterr().err
+    assert not (tmp_path / "o.txt").exists()

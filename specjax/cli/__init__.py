@@ -26,6 +26,38 @@ def add_decoding_args(p: argparse.ArgumentParser, *, gamma: int, max_decode_leng
     p.add_argument("--max-decode-length", type=int, default=max_decode_length,
                    help=f"output tokens per line at most (default {max_decode_length})")
     p.add_argument("--seed", type=int, default=0, help=f"{seed_help} (default 0)")
+    p.add_argument("--verification", choices=["token", "block"], default="token",
+                   help="token: Leviathan et al. 2023, Algorithm 1 (default); block: Sun et al. 2025 (never fewer "
+                        "accepted tokens in expectation, same output distribution)")
+    p.add_argument("--draft-confidence-threshold", type=float, default=None, metavar="P",
+                   help="each row stops drafting after a draft token whose probability is below P, in [0, 1] "
+                        "(adaptive gamma up to --gamma; default: off)")
+    p.add_argument("--max-ngram", type=int, default=3,
+                   help="with --draft prompt-lookup: the longest n-gram matched (default 3)")
+
+
+def draft_source(args, draft):
+    """The draft the flags ask for: ``specjax.PromptLookupDraft(max_ngram=--max-ngram)`` when ``--draft
+    prompt-lookup`` was given (no draft model), else the loaded draft model unchanged."""
+    if getattr(args, "draft", None) == "prompt-lookup":
+        from specjax.decoding import PromptLookupDraft
+        return PromptLookupDraft(max_ngram=args.max_ngram)
+    return draft
+
+
+def speculative_kwargs(args, draft) -> dict:
+    """``speculative_sample`` keywords of the shared flags that only speculative decoding takes.
+
+    Raises:
+      ValueError: ``--draft-confidence-threshold`` outside [0, 1] or together with ``--draft prompt-lookup``.
+    """
+    c = args.draft_confidence_threshold
+    if c is not None and not 0.0 <= c <= 1.0:
+        raise ValueError(f"--draft-confidence-threshold must be in [0, 1], got {c}; try 0.3 to 0.6.")
+    if c is not None and getattr(args, "draft", None) == "prompt-lookup":
+        raise ValueError("--draft-confidence-threshold needs a draft model; a prompt-lookup proposal has no "
+                         "confidence (drop one of the two flags).")
+    return dict(verification=args.verification, draft_confidence_threshold=c)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -33,7 +33,8 @@ def add_parser(sub) -> None:
                     "2023) and writes one output line per input line, in input order. Resumes after the lines "
                     "already in --output. Prints acceptance rate, tokens per target call and tokens/second.")
     p.add_argument("--target", help="target checkpoint (T5X or Hugging Face); default: the embedded pair")
-    p.add_argument("--draft", help="draft checkpoint; default: the embedded pair's draft")
+    p.add_argument("--draft", help="draft checkpoint, or 'prompt-lookup' (no draft model: n-gram proposals from the "
+                                   "input and the output so far); default: the embedded pair's draft")
     p.add_argument("--input", help="input text file, one input per line, or - for stdin (required unless "
                                     "--seqio-task)")
     p.add_argument("--output", required=True,
@@ -81,12 +82,13 @@ def _load(args):
     from specjax.checkpoints import load_checkpoint
     from specjax.tokenizer import Tokenizer
 
-    if bool(args.target) != bool(args.draft):
+    lookup = args.draft == "prompt-lookup"
+    if bool(args.target) != bool(args.draft) and not lookup:
         raise ValueError("Give both --target and --draft checkpoints, or neither (to use the embedded default "
-                         "pair).")
+                         "pair); --draft prompt-lookup needs no draft model.")
     if args.target:
         target = load_checkpoint(args.target, dtype=args.dtype)
-        draft = load_checkpoint(args.draft, dtype=args.dtype)
+        draft = None if lookup else load_checkpoint(args.draft, dtype=args.dtype)
         tokenizer_path, origin = _tokenizer_path(args)
         print(f"tokenizer: {tokenizer_path} ({origin})", file=sys.stderr)
         return target, draft, Tokenizer(tokenizer_path)
@@ -197,7 +199,10 @@ def run(args: argparse.Namespace) -> int:
 
     with runner.loading():  # --mesh: read weights into host memory, not onto one device
         target, draft, tokenizer = _load(args)
-    target, draft = runner.place(target, draft)
+    from specjax.cli import draft_source, speculative_kwargs
+    spec_kwargs = speculative_kwargs(args, draft)
+    target, draft = runner.place(target, draft)  # draft None with --draft prompt-lookup
+    draft = draft_source(args, draft)
     eos = tokenizer.eos_id
     encoded = []
     for i in range(done, len(lines)):
@@ -222,7 +227,7 @@ def run(args: argparse.Namespace) -> int:
             if runner.mode == "single":
                 lower = lower_speculative_sample if key_shape[0] == "spec" else lower_temperature_sample
                 models = (target, draft) if key_shape[0] == "spec" else (target,)
-                extra = dict(gamma=args.gamma) if key_shape[0] == "spec" else {}
+                extra = dict(gamma=args.gamma, **spec_kwargs) if key_shape[0] == "spec" else {}
                 lower(*models, x, rng=keys, **extra, **common).compile()
             warm.add(key_shape)
         start = time.perf_counter()
@@ -232,7 +237,7 @@ def run(args: argparse.Namespace) -> int:
         return jax.device_get(result), seconds
 
     def spec(x, keys, **kw):
-        return runner(speculative_sample, target, draft, x, rng=keys, gamma=args.gamma, **common)
+        return runner(speculative_sample, target, draft, x, rng=keys, gamma=args.gamma, **spec_kwargs, **common)
 
     def base(x, keys, **kw):
         return runner(temperature_sample, target, x, rng=keys, **common)

@@ -14,7 +14,8 @@ def add_parser(sub) -> None:
                                    "pair (or --target/--draft checkpoints) by speculative sampling.")
     p.add_argument("text", nargs="+", help="English sentences")
     p.add_argument("--target", help="target checkpoint (default: the embedded pair)")
-    p.add_argument("--draft", help="draft checkpoint (default: the embedded pair's distilled draft)")
+    p.add_argument("--draft", help="draft checkpoint, or 'prompt-lookup' (n-gram proposals, no draft model; "
+                                   "default: the embedded pair's distilled draft)")
     p.add_argument("--tokenizer", help="SentencePiece model for --target/--draft checkpoints")
     p.add_argument("--prefix", default="", help='task prefix, e.g. "translate English to German: "')
     add_decoding_args(p, gamma=3, max_decode_length=64)
@@ -35,15 +36,18 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"argument {empty[0] + 1} is empty; give the English sentences to translate.")
     if args.tokenizer and not args.target:
         raise ValueError("--tokenizer applies to --target/--draft checkpoints; the embedded pair uses its own.")
-    if bool(args.target) != bool(args.draft):
-        raise ValueError("Give both --target and --draft, or neither (to use the embedded default pair).")
+    lookup = args.draft == "prompt-lookup"
+    if bool(args.target) != bool(args.draft) and not lookup:
+        raise ValueError("Give both --target and --draft, or neither (to use the embedded default pair); "
+                         "--draft prompt-lookup needs no draft model.")
     if args.target:
         from specjax.checkpoints import load_checkpoint
         from specjax.tokenizer import Tokenizer
 
         if not args.tokenizer:
             raise ValueError("--tokenizer SPIECE_MODEL is needed with --target/--draft checkpoints.")
-        target, draft = load_checkpoint(args.target), load_checkpoint(args.draft)
+        target = load_checkpoint(args.target)
+        draft = None if lookup else load_checkpoint(args.draft)
         tokenizer = Tokenizer(args.tokenizer)
     else:
         from specjax.defaults import load_default_pair
@@ -51,8 +55,10 @@ def run(args: argparse.Namespace) -> int:
         target, draft, tokenizer = load_default_pair()
     rows = [tokenizer.encode(args.prefix + t) for t in args.text]
     (x,) = inputs.batches(rows, batch_size=len(rows))
+    from specjax.cli import draft_source, speculative_kwargs
+    spec_kwargs = speculative_kwargs(args, draft)
     r = jax.device_get(speculative_sample(
-        target, draft, x, rng=jax.random.PRNGKey(args.seed), gamma=args.gamma,
+        target, draft_source(args, draft), x, rng=jax.random.PRNGKey(args.seed), gamma=args.gamma, **spec_kwargs,
         max_decode_length=args.max_decode_length, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
         max_input_length=args.max_input_length, truncate=args.truncate))
     for seq, n in zip(r.sequences, r.lengths):

@@ -76,7 +76,7 @@ def _confidence(logits, x, p, sampling: SamplingParams):
     drawn from); on greedy rows (p one-hot there) the softmax probability of x at temperature 1 instead."""
     raw = jnp.take_along_axis(jax.nn.softmax(logits.astype(jnp.float32), axis=-1), x[:, None], axis=1)[:, 0]
     drawn = jnp.take_along_axis(p, x[:, None], axis=1)[:, 0]
-    return jnp.where(sampling.temperature == 0, raw, drawn)
+    return jnp.where(sampling.temperature <= 0, raw, drawn)
 
 
 @dataclasses.dataclass(frozen=True)
