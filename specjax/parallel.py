@@ -323,6 +323,9 @@ class _MeshT5Decoding:
 
 _PER_ROW = ("temperature", "top_k", "top_p")
 _PER_ROW_DTYPES = {"temperature": np.float32, "top_k": np.int32, "top_p": np.float32}
+# The samplers' defaults: every call passes all three per-row arrays, so a call that sets only the
+# temperature and one that also sets top-k / top-p share one program (one pytree structure).
+_PER_ROW_DEFAULTS = {"temperature": 1.0, "top_k": 0, "top_p": 1.0}
 _JITTED: list = []  # every jitted program this module built, for num_compiled_programs()
 
 
@@ -354,8 +357,8 @@ def _split_call(fn: Callable, args, kwargs) -> _Call:
     b = tokens.shape[0]
     kwargs = dict(kwargs)
     keys = np.asarray(jax.device_get(inputs.row_keys(jnp.asarray(inputs.raw_keys(kwargs.pop("rng", None), b)), b)))
-    per_row = {k: np.broadcast_to(np.asarray(kwargs.pop(k)).astype(_PER_ROW_DTYPES[k]), (b,))
-               for k in _PER_ROW if k in kwargs}
+    per_row = {k: np.broadcast_to(np.asarray(kwargs.pop(k, _PER_ROW_DEFAULTS[k])).astype(_PER_ROW_DTYPES[k]), (b,))
+               for k in _PER_ROW}
     fns, params = [], []
     for m in models:
         if hasattr(m, "propose") and hasattr(m, "start"):  # a draft source without parameters
