@@ -45,7 +45,7 @@ def draft_source(args, draft):
     return draft
 
 
-def speculative_kwargs(args, draft) -> dict:
+def speculative_kwargs(args) -> dict:
     """``speculative_sample`` keywords of the shared flags that only speculative decoding takes.
 
     Raises:

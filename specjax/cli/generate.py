@@ -200,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
     with runner.loading():  # --mesh: read weights into host memory, not onto one device
         target, draft, tokenizer = _load(args)
     from specjax.cli import draft_source, speculative_kwargs
-    spec_kwargs = speculative_kwargs(args, draft)
+    spec_kwargs = speculative_kwargs(args)
     target, draft = runner.place(target, draft)  # draft None with --draft prompt-lookup
     draft = draft_source(args, draft)
     eos = tokenizer.eos_id

@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     rows = [tokenizer.encode(args.prefix + t) for t in args.text]
     (x,) = inputs.batches(rows, batch_size=len(rows))
     from specjax.cli import draft_source, speculative_kwargs
-    spec_kwargs = speculative_kwargs(args, draft)
+    spec_kwargs = speculative_kwargs(args)
     r = jax.device_get(speculative_sample(
         target, draft_source(args, draft), x, rng=jax.random.PRNGKey(args.seed), gamma=args.gamma, **spec_kwargs,
         max_decode_length=args.max_decode_length, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
