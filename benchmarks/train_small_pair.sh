@@ -37,7 +37,7 @@ if want target; then
     log "target: training (resumes from $RUNS/small_target)"
     "${NICE[@]}" "$SPECJAX" train --run-dir "$RUNS/small_target" --model small-target --vocab "$VOCAB" \
       --steps "$TARGET_STEPS" --tokens-per-batch 2048 --learning-rate 5e-4 --warmup-steps 500 --seed 0 \
-      --dropout 0.1 --snapshot-every 250 --export "$EXPORTS/target" --export-dtype bfloat16
+      --dropout 0.1 --snapshot-every 250 --save-every 50 --export "$EXPORTS/target" --export-dtype bfloat16
   fi
 fi
 
@@ -46,7 +46,7 @@ if want draft_reference; then
     log "draft_reference: cross-entropy on the references (resumes from $RUNS/small_draft_ref)"
     "${NICE[@]}" "$SPECJAX" train --run-dir "$RUNS/small_draft_ref" --model small-draft --vocab "$VOCAB" \
       --steps "$DRAFT_REF_STEPS" --tokens-per-batch 2048 --learning-rate 1e-3 --warmup-steps 400 --seed 0 \
-      --dropout 0.1 --snapshot-every 500 --export "$EXPORTS/draft_reference" --export-dtype bfloat16
+      --dropout 0.1 --snapshot-every 500 --save-every 100 --export "$EXPORTS/draft_reference" --export-dtype bfloat16
   fi
 fi
 
@@ -59,7 +59,7 @@ if want draft_distilled; then
     "${NICE[@]}" "$SPECJAX" train --run-dir "$RUNS/small_draft_distill" --model small-draft --vocab "$VOCAB" \
       --objective distill --teacher "$EXPORTS/target" --init-from "$EXPORTS/draft_reference" \
       --steps "$DRAFT_DISTILL_STEPS" --tokens-per-batch 2048 --learning-rate 5e-4 --warmup-steps 100 --seed 0 \
-      --snapshot-every 500 --export "$EXPORTS/draft_distilled" --export-dtype bfloat16
+      --snapshot-every 500 --save-every 100 --export "$EXPORTS/draft_distilled" --export-dtype bfloat16
   fi
 fi
 

@@ -47,6 +47,8 @@ def add_parser(sub) -> None:
                    help="dropout rate while training (0.1-0.2 keeps a small target from overfitting Multi30k)")
     p.add_argument("--snapshot-every", type=int, default=0,
                    help="also keep the weights every N steps as RUN_DIR/snapshots/step_N.msgpack (0: never)")
+    p.add_argument("--save-every", type=int, default=250,
+                   help="write the resume point RUN_DIR/state.msgpack every N steps (also on Ctrl-C and SIGTERM)")
     p.add_argument("--export", help="write the trained model here as a Hugging Face safetensors directory")
     p.add_argument("--export-dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     p.set_defaults(func=run)
@@ -182,13 +184,23 @@ def _run(args: argparse.Namespace) -> int:
             np.savez(cache, flat=np.concatenate(tgt), ends=ends)
     tc = tr.TrainConfig(objective=args.objective, num_steps=args.steps, tokens_per_batch=args.tokens_per_batch,
                         learning_rate=args.learning_rate, warmup_steps=args.warmup_steps, seed=args.seed,
-                        dropout_rate=args.dropout, snapshot_every=args.snapshot_every)
+                        dropout_rate=args.dropout, snapshot_every=args.snapshot_every,
+                        save_every=args.save_every)
     init = None
     if args.init_from:
         from specjax.checkpoints import load_checkpoint
 
         init = load_checkpoint(args.init_from, dtype=config.param_dtype)
-    model = tr.train(config, tc, src, tgt, run_dir, teacher=teacher, init=init)
+    import signal
+
+    def _interrupt(signum, frame):  # a session or job manager ending the run: save the resume point, as Ctrl-C
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        model = tr.train(config, tc, src, tgt, run_dir, teacher=teacher, init=init)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     print(json.dumps({"run_dir": str(run_dir), "params": model.num_params, "steps": tc.num_steps}))
     if args.export:
         from specjax.checkpoints import save_checkpoint
