@@ -193,3 +193,39 @@ def test_cache_and_encoded_layout(setup):
         leaves = jax.tree_util.tree_leaves(tree)
         names = jax.tree_util.tree_leaves(axes, is_leaf=lambda a: isinstance(a, tuple) and isinstance(a[0], str))
         assert [len(a) for a in names] == [x.ndim for x in leaves]
+
+
+@pytest.mark.parametrize("longest", [1, 5, 16, 17, 30, 40])
+def test_run_time_encoder_width_equals_whole_width(setup, longest):
+    """``T5Decoding.encode`` runs the encoder on the smallest width of ``ENCODE_WIDTHS`` that holds the
+    call's longest row (one ``lax.switch`` branch per width): its cross keys/values equal ``t5.encode`` on
+    the whole padded width at every real position up to float32 rounding (rtol 1e-5, atol 1e-6: masked keys get
+    exactly zero weight, only reduction orders differ), are zero
+    past the width, and the decoder's logits agree (ATOL)."""
+    from specjax.models.adapter import ENCODE_WIDTHS, T5Decoding
+
+    cfg, model, _, dec, _ = setup
+    s = 48
+    rng = np.random.default_rng(longest)
+    enc = np.zeros((3, s), np.int32)
+    for i, n in enumerate([longest, max(1, longest // 2), 1]):
+        enc[i, :n] = rng.integers(3, cfg.vocab_size, size=n)
+    whole = t5.encode(cfg, model.params, enc)
+    dm = T5Decoding(cfg)
+    assert dm.encode_widths == ENCODE_WIDTHS
+    ran = jax.jit(dm.encode)(model.params, enc)
+    width = min([w for w in ENCODE_WIDTHS if w >= longest] + [s])
+    for a, c in zip(whole.cross_k + whole.cross_v, ran.cross_k + ran.cross_v):
+        assert a.shape == c.shape == (3, cfg.num_heads, s, cfg.head_dim)
+        real = (enc != 0)[:, None, :, None]
+        np.testing.assert_allclose(np.where(real, c, 0), np.where(real, a, 0), rtol=1e-5, atol=1e-6)
+        assert not np.any(np.asarray(c)[:, :, width:])
+    np.testing.assert_array_equal(ran.mask, enc != 0)
+    cache = t5.init_cache(cfg, 3, T)
+    tokens = np.broadcast_to(dec[:1, :4], (3, 4))
+    la, _ = _decode(cfg, model.params, whole, tokens, cache, np.zeros(3, np.int32))
+    lc, _ = _decode(cfg, model.params, ran, tokens, cache, np.zeros(3, np.int32))
+    np.testing.assert_allclose(lc, la, atol=ATOL)
+    # One program holds every width below s and s itself.
+    hlo = jax.jit(dm.encode).lower(model.params, enc).as_text()
+    assert "case" in hlo or "conditional" in hlo

@@ -7,9 +7,17 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
+import jax.numpy as jnp
+
 from specjax.models import t5
 
-__all__ = ["T5Decoding"]
+__all__ = ["T5Decoding", "ENCODE_WIDTHS"]
+
+ENCODE_WIDTHS = (16, 24, 32, 48, 64, 96, 128, 192, 256, 384)
+"""Encoder widths (tokens) ``T5Decoding.encode`` picks from at run time: the smallest one that holds the
+longest row of the call (the padded width ``s`` itself when none below it does). Steps of 1.5× or 1.33×
+keep the encoder's wasted work under a third while a program holds at most a handful of encoders."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,8 +26,10 @@ class T5Decoding:
 
     Attributes:
       config: ``T5Config``.
+      encode_widths: see ``encode``; ``()`` encodes the whole padded width.
     """
     config: t5.T5Config
+    encode_widths: tuple[int, ...] = ENCODE_WIDTHS
 
     @property
     def vocab_size(self) -> int:
@@ -32,8 +42,33 @@ class T5Decoding:
         return self.config.pad_id
 
     def encode(self, params, encoder_input_tokens):
-        """int32[b, s] -> ``t5.Encoded`` (see ``specjax.models.t5.encode``)."""
-        return t5.encode(self.config, params, encoder_input_tokens)
+        """int32[b, s] -> ``t5.Encoded`` (mask [b, s], cross keys/values [b, n, s, h]), as
+        ``specjax.models.t5.encode``, but the encoder runs only on the first ``w`` tokens of every row, ``w``
+        the smallest of ``encode_widths`` (and ``s``) covering the call's last non-pad token: one
+        ``lax.switch`` branch per width inside the compiled program, the keys/values zero-padded back to ``s``.
+
+        The encoder cost follows the inputs' real length, not the padded width a caller chose to keep one
+        program (at batch 1 on Multi30k, 16-24 tokens of a 64-token pad). Masked positions get no attention
+        weight (bias -1e10: exp underflows to exactly 0), so each real position's output is the one the whole
+        width would give, and the padded keys/values are never read.
+        """
+        s = encoder_input_tokens.shape[1]
+        widths = [w for w in self.encode_widths if w < s] + [s]
+        if len(widths) == 1:
+            return t5.encode(self.config, params, encoder_input_tokens)
+        tokens = jnp.asarray(encoder_input_tokens, jnp.int32)
+        mask = tokens != self.config.pad_id
+        used = jnp.max(jnp.where(mask, jnp.arange(1, s + 1, dtype=jnp.int32), 0))  # last real token + 1
+        index = jnp.searchsorted(jnp.asarray(widths, jnp.int32), used)  # first width >= used
+
+        def at_width(w):
+            def run(tokens):
+                enc = t5.encode(self.config, params, tokens[:, :w])
+                grow = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, s - w), (0, 0)))
+                return t5.Encoded(mask, tuple(map(grow, enc.cross_k)), tuple(map(grow, enc.cross_v)))
+            return run
+
+        return jax.lax.switch(index, [at_width(w) for w in widths], tokens)
 
     def decode(self, params, encoded, tokens, cache, positions):
         """int32[b, k] at int32[b] -> (float32 logits [b, k, v], cache) (``specjax.models.t5.decode``)."""
