@@ -10,6 +10,9 @@
 - The profile reader on a jitted loop of known trip count and named scopes: iterations and per-scope time.
 - CTranslate2 (converted with its own converter) against specjax on a tiny random target: greedy tokens equal.
 - benchmarks/goals.py reads a bench results.json.
+- Drafting variants through ``specjax bench`` on the shipped mini pair (3 inputs, 6 tokens, T 0): token and
+  block verification with a confidence threshold, prompt lookup (greedy outputs equal temperature_sample's),
+  the variant columns, experiment-file keys, and one-line errors for bad flag combinations.
 """
 
 from __future__ import annotations
@@ -274,3 +277,128 @@ def test_ctranslate2_greedy_equals_specjax(tmp_path):
         assert all(math.isfinite(x["tokens_per_s"]) and x["tokens_per_s"] > 0 for x in r["records"])
         assert r["best"][bs]["method"] == "specjax speculative γ=2"
     assert "| ctranslate2 int8 1 thread |" in peers.format_ctranslate2(r).replace(" (best)", "")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Drafting variants through `specjax bench` (issue 11): the shipped mini pair, 3 inputs, 6 output tokens, T 0.
+
+_VARIANT_INPUTS = "A man in a blue shirt is standing on a ladder.\nTwo dogs play in the snow.\nA girl in a red dress.\n"
+
+
+def _bench_variants(tmp, *flags):
+    """Runs `specjax bench` on the shipped pair with ``flags``; returns (out dir, results.json records)."""
+    (tmp / "in.en").write_text(_VARIANT_INPUTS)
+    out = tmp / "out"
+    argv = ["bench", "--input", str(tmp / "in.en"), "--gammas", "2", "--temperatures", "0", "--max-decode-length",
+            "6", "--cost-steps", "2", "--no-plots", "--no-quality", "--out", str(out), *flags]
+    assert main(argv) == 0
+    return out, json.loads((out / "results.json").read_text())["records"]
+
+
+def _md_table(out):
+    lines = [l for l in (out / "table.md").read_text().splitlines() if l.startswith("|")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    return header, [dict(zip(header, (c.strip() for c in l.strip("|").split("|")))) for l in lines[2:]]
+
+
+@pytest.fixture(scope="module")
+def variants_run(tmp_path_factory):
+    return _bench_variants(tmp_path_factory.mktemp("variants"), "--verification", "token", "block",
+                           "--draft-confidence-threshold", "0.5")
+
+
+def test_bench_verification_and_confidence_sweep(variants_run):
+    out, records = variants_run
+    # verification x threshold, each against temperature_sample on the same 3 inputs.
+    assert sorted((r["verification"], r["confidence_threshold"]) for r in records) == [("block", 0.5), ("token", 0.5)]
+    for r in records:
+        assert r["draft"] == "distilled" and r["gamma"] == 2 and r["num_inputs"] == 3 and r["max_ngram"] is None
+        assert r["spec_tokens_per_s"] > 0 and r["base_tokens_per_s"] > 0 and math.isfinite(r["speedup"])
+        assert 1.0 <= r["tokens_per_call"] <= 3.0 and 0.0 <= r["alpha"] <= 1.0
+        assert r["greedy_identical"] is True  # T = 0: every variant equals target-greedy, token for token
+        assert r["c"] > 0 and r["draft_step_ms"] > 0
+    header, body = _md_table(out)
+    assert header[:8] == ["task", "draft", "temp", "γ", "α", "speedup", "verification", "confidence threshold"]
+    assert sorted((b["verification"], b["confidence threshold"]) for b in body) == [("block", "0.5"), ("token", "0.5")]
+    assert all(float(b["spec tok/s"]) > 0 for b in body)
+    assert "block = Sun et al. 2025" in (out / "table.md").read_text()
+    with open(out / "table.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert sorted((r["verification"], r["confidence_threshold"]) for r in rows) == [("block", "0.5"), ("token", "0.5")]
+    assert all(r["greedy_identical"] == "True" for r in rows)
+
+
+def test_bench_prompt_lookup(tmp_path):
+    out, records = _bench_variants(tmp_path, "--draft", "prompt-lookup", "--max-ngram", "2")
+    (r,) = records
+    assert (r["draft"], r["verification"], r["confidence_threshold"], r["max_ngram"]) == ("prompt-lookup", "token",
+                                                                                           None, 2)
+    assert r["spec_tokens_per_s"] > 0 and r["base_tokens_per_s"] > 0 and math.isfinite(r["speedup"])
+    assert r["c"] == 0.0 and r["draft_step_ms"] is None  # no draft model
+    assert r["greedy_identical"] is True  # prompt lookup at T = 0 equals temperature_sample, token for token
+    header, (b,) = _md_table(out)
+    assert header[:6] == ["task", "draft", "temp", "γ", "α", "speedup"] and "verification" not in header
+    assert b["draft"] == "prompt-lookup" and float(b["spec tok/s"]) > 0
+    with open(out / "table.csv", newline="") as f:
+        (row,) = list(csv.DictReader(f))
+    assert (row["draft"], row["verification"], row["max_ngram"], row["greedy_identical"]) == (
+        "prompt-lookup", "token", "2", "True")
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--draft", "prompt-lookup", "--draft-confidence-threshold", "0.5"], "needs a draft model"),
+    (["--draft-confidence-threshold", "1.5"], "must be in [0, 1]"),
+    (["--draft", "prompt-lookup", "--profile"], "--profile needs a draft model"),
+    (["--draft", "prompt-lookup", "--max-ngram", "0"], "--max-ngram must be >= 1"),
+])
+def test_bench_bad_variant_flags(tmp_path, capsys, flags, message):
+    out = tmp_path / "out"
+    assert main(["bench", "--out", str(out), *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("specjax bench: error: ") and message in err and "\n" not in err, err
+    assert not out.exists()  # refused before anything loaded or ran
+
+
+def test_bench_variant_flags_parse():
+    from specjax.cli import build_parser
+
+    args = build_parser().parse_args(["bench", "--verification", "token", "block", "--draft-confidence-threshold",
+                                      "none", "0.3", "off"])
+    assert args.verification == ["token", "block"] and args.draft_confidence_threshold == [None, 0.3, None]
+    args = build_parser().parse_args(["bench"])  # defaults: each row's (token, off)
+    assert args.verification is None and args.draft_confidence_threshold is None and args.max_ngram is None
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(["bench", "--draft-confidence-threshold", "high"])
+    assert e.value.code == 2
+
+
+def test_bench_variant_columns_only_for_variants():
+    base = {"task": "t", "draft": "d", "temperature": 0.0, "gamma": 2, "alpha": 0.5, "speedup": 1.0,
+            "jax": "x", "backend": "cpu", "device_count": 1, "device_kind": "cpu"}
+    assert "verification" not in bench.format_markdown([dict(base, verification="token", confidence_threshold=None)])
+    assert "| verification | confidence threshold |" in bench.format_markdown(
+        [dict(base, verification="block", confidence_threshold=None)])
+    assert {"verification", "confidence_threshold", "max_ngram"} <= set(bench.CSV_COLUMNS)
+
+
+def test_experiment_file_variants(tmp_path):
+    spec = {"models": {"t": "default:target", "d": "default:distilled"}, "tasks": {"x": {"input": "in.en"}},
+            "rows": [{"task": "x", "target": "t", "draft": "d", "temperature": 0, "gamma": [2, 3],
+                      "verification": ["token", "block"], "draft_confidence_threshold": [None, 0.4]},
+                     {"task": "x", "target": "t", "draft": "prompt-lookup", "temperature": 0, "gamma": 3,
+                      "max_ngram": 2}]}
+    path = tmp_path / "e.json"
+    path.write_text(json.dumps(spec))
+    _, (model_row, lookup_row) = bench.load_experiment(str(path))
+    assert (model_row.verifications, model_row.confidence_thresholds) == (("token", "block"), (None, 0.4))
+    assert (lookup_row.draft, lookup_row.draft_path, lookup_row.max_ngram) == ("prompt-lookup", "prompt-lookup", 2)
+    assert (lookup_row.verifications, lookup_row.confidence_thresholds) == (("token",), (None,))
+    for change, message in (({"draft_confidence_threshold": 0.5}, "needs a draft model"),
+                            ({"verification": "tree"}, "verification must be one of"),
+                            ({"max_ngram": 0}, "max_ngram must be an int >= 1")):
+        spec["rows"][1].update(change)
+        path.write_text(json.dumps(spec))
+        with pytest.raises(ValueError, match=message):
+            bench.load_experiment(str(path))
+        for key in change:
+            spec["rows"][1].pop(key)

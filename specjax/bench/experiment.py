@@ -1,8 +1,10 @@
 """Experiments: rows of a Table-2 style run (``configs/*.json``), each measured at its γ values and batch sizes.
 
 A row is a task (inputs, references, metric), a target/draft pair and a temperature (Leviathan et al. 2023,
-Table 2 layout). ``run_row`` measures it with ``timing.measure_pair`` and ``timing.measure_costs`` and puts the
-paper's theory (``theory``) beside the measurement, one record (a dict) per (γ, batch size).
+Table 2 layout), plus the drafting variants to sweep: verification ("token" / "block"), the draft confidence
+threshold, or prompt-lookup drafting in place of a draft model (``draft == PROMPT_LOOKUP``). ``run_row``
+measures it with ``timing.measure_pair`` and ``timing.measure_costs`` and puts the paper's theory
+(``theory``) beside the measurement, one record (a dict) per (batch size, verification, threshold, γ).
 """
 
 from __future__ import annotations
@@ -16,7 +18,11 @@ from specjax.bench.inputs import encode_inputs, pad_batches, read_lines
 from specjax.bench.theory import alpha_from_tokens_per_call, expected_improvement, expected_tokens_per_call
 from specjax.bench.timing import environment, measure_costs, measure_pair
 
-__all__ = ["BenchRow", "load_experiment", "quality", "run_row"]
+__all__ = ["PROMPT_LOOKUP", "VERIFICATIONS", "BenchRow", "load_experiment", "quality", "run_row"]
+
+# The draft name and path that mean prompt-lookup (n-gram) drafting, no draft model (specjax.PromptLookupDraft).
+PROMPT_LOOKUP = "prompt-lookup"
+VERIFICATIONS = ("token", "block")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +45,10 @@ class BenchRow:
       max_decode_length: most output tokens per input.
       num_inputs: how many input lines to use (the first ones).
       paper_alpha, paper_speedup: the paper's numbers for this row (None when it has none).
+      verifications: verifiers to sweep, each "token" (Algorithm 1) or "block" (Sun et al. 2025).
+      confidence_thresholds: draft confidence thresholds to sweep, each None (off: always γ draft tokens) or a
+        probability in [0, 1] (a row stops drafting after a draft token less likely than it; draft models only).
+      max_ngram: the longest n-gram matched when ``draft_path == PROMPT_LOOKUP`` (tokens, >= 1).
     """
     task: str
     target: str
@@ -57,10 +67,46 @@ class BenchRow:
     num_inputs: int = 32
     paper_alpha: float | None = None
     paper_speedup: float | None = None
+    verifications: tuple[str, ...] = ("token",)
+    confidence_thresholds: tuple[float | None, ...] = (None,)
+    max_ngram: int = 3
 
 
 _TASK_KEYS = {"input", "references", "prefix", "metric", "max_input_length", "max_decode_length", "num_inputs",
               "tokenizer"}
+_ROW_KEYS = {"task", "target", "draft", "temperature", "gamma", "paper", "verification", "draft_confidence_threshold",
+             "max_ngram"}
+
+
+def _as_list(value) -> list:
+    return value if isinstance(value, list) else [value]
+
+
+def _row_variants(r: dict, where: str, lookup: bool) -> dict:
+    """The drafting-variant fields of one experiment-file row (``verification``, ``draft_confidence_threshold``,
+    ``max_ngram``) as ``BenchRow`` keywords. Raises ValueError naming the row on a bad value or combination."""
+    import numbers
+
+    verifications = _as_list(r.get("verification", "token"))
+    bad = [v for v in verifications if v not in VERIFICATIONS]
+    if bad or not verifications:
+        raise ValueError(f"{where}: verification must be one of {list(VERIFICATIONS)} or a list of them, got "
+                         f"{r.get('verification')!r}.")
+    thresholds = _as_list(r.get("draft_confidence_threshold"))
+    for c in thresholds:
+        if c is not None and (isinstance(c, bool) or not isinstance(c, numbers.Real) or not 0.0 <= c <= 1.0):
+            raise ValueError(f"{where}: draft_confidence_threshold must be null or a number in [0, 1] (or a list "
+                             f"of them), got {c!r}.")
+    if not thresholds:
+        raise ValueError(f"{where}: draft_confidence_threshold is an empty list; use null for off.")
+    if lookup and any(c is not None for c in thresholds):
+        raise ValueError(f"{where}: draft_confidence_threshold needs a draft model; a prompt-lookup proposal has "
+                         "no confidence (drop one of the two).")
+    n = r.get("max_ngram", 3)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"{where}: max_ngram must be an int >= 1, got {n!r}.")
+    return dict(verifications=tuple(verifications),
+                confidence_thresholds=tuple(None if c is None else float(c) for c in thresholds), max_ngram=n)
 
 
 def load_experiment(path: str) -> tuple[dict, list[BenchRow]]:
@@ -70,7 +116,8 @@ def load_experiment(path: str) -> tuple[dict, list[BenchRow]]:
       (the file's top-level metadata without ``rows``, the expanded ``BenchRow`` list in file order).
     Raises:
       FileNotFoundError: no such file. ValueError: malformed JSON, a row naming an unknown model or task,
-        unknown keys, or a missing field (the message names the row).
+        unknown keys, a missing field, a bad verification / draft_confidence_threshold / max_ngram, or a
+        confidence threshold on a prompt-lookup row (the message names the row).
     """
     import json
 
@@ -83,7 +130,7 @@ def load_experiment(path: str) -> tuple[dict, list[BenchRow]]:
     rows = []
     for i, r in enumerate(spec.get("rows", [])):
         where = f"{path}: row {i} ({r.get('task')}, {r.get('draft')})"
-        unknown = set(r) - {"task", "target", "draft", "temperature", "gamma", "paper"}
+        unknown = set(r) - _ROW_KEYS
         if unknown:
             raise ValueError(f"{where}: unknown keys {sorted(unknown)}.")
         for key in ("task", "target", "draft", "temperature", "gamma"):
@@ -92,7 +139,7 @@ def load_experiment(path: str) -> tuple[dict, list[BenchRow]]:
         if r["task"] not in tasks:
             raise ValueError(f"{where}: task {r['task']!r} is not in the file's tasks {sorted(tasks)}.")
         for key in ("target", "draft"):
-            if r[key] not in models:
+            if r[key] not in models and not (key == "draft" and r[key] == PROMPT_LOOKUP):
                 raise ValueError(f"{where}: {key} {r[key]!r} is not in the file's models {sorted(models)}.")
         task = dict(tasks[r["task"]])
         bad = set(task) - _TASK_KEYS
@@ -101,10 +148,12 @@ def load_experiment(path: str) -> tuple[dict, list[BenchRow]]:
         task.setdefault("tokenizer", spec.get("tokenizer", "default"))
         gammas = r["gamma"] if isinstance(r["gamma"], list) else [r["gamma"]]
         paper = r.get("paper") or {}
+        draft_path = PROMPT_LOOKUP if r["draft"] == PROMPT_LOOKUP else models[r["draft"]]
+        variants = _row_variants(r, where, lookup=draft_path == PROMPT_LOOKUP)
         rows.append(BenchRow(task=r["task"], target=r["target"], draft=r["draft"], target_path=models[r["target"]],
-                             draft_path=models[r["draft"]], temperature=float(r["temperature"]),
+                             draft_path=draft_path, temperature=float(r["temperature"]),
                              gammas=tuple(int(g) for g in gammas), paper_alpha=paper.get("alpha"),
-                             paper_speedup=paper.get("speedup"), **task))
+                             paper_speedup=paper.get("speedup"), **variants, **task))
     if not rows:
         raise ValueError(f"{path}: no rows.")
     meta = {k: v for k, v in spec.items() if k != "rows"}
@@ -143,18 +192,26 @@ def quality(hypotheses: Sequence[str], references: Sequence[str], metric: str) -
 def run_row(target, draft, tokenizer, row: BenchRow, *, batch_sizes: Sequence[int] = (1,), repeats: int = 1,
             seed: int = 0, cost_steps: int = 32, with_quality: bool = True,
             on_batch: Callable[[], None] | None = None) -> list[dict]:
-    """Measures one ``BenchRow`` at each of its γ and each batch size: one record per (γ, batch size).
+    """Measures one ``BenchRow`` at each batch size, verification, confidence threshold and γ: one record each.
 
     Both methods run on the same inputs in the same process, alternating (``measure_pair``); c is measured
     at each batch size (``measure_costs``); the theory takes the paper's α as measured inside the loop
     (``DecodeResult.acceptance_rate``, the mean of β over verified positions), or, for results without it,
     α inverted from tokens per target call (``alpha_source`` says which).
 
+    Args:
+      target: a ``T5Model``. draft: a ``T5Model``, or a draft source such as ``specjax.PromptLookupDraft``
+        (no draft model: c is 0 and ``draft_step_ms`` None; ``row.confidence_thresholds`` must be ``(None,)``).
+      tokenizer: a ``specjax.Tokenizer``, a ``seqio.SentencePieceVocabulary`` or a model path.
+      batch_sizes: rows per decode call; repeats: passes over the inputs per measurement; seed: batch ``j``
+        uses ``PRNGKey(seed + j)``; cost_steps: decode calls per timing loop for c; with_quality: BLEU/ROUGE
+        when the row has references; on_batch: called after each measured batch (progress bars).
     Returns:
-      list of dicts with: task, target, draft, temperature, gamma, batch_size, num_inputs, repeats,
-      max_decode_length; alpha (the paper's α used by the theory), alpha_source ("loop" or "tokens_per_call"),
-      alpha_loop (in-loop α or None), alpha_from_tokens (α inverted from tokens per call), alpha_rows (α per
-      input, or accepted fraction per input when the loop's α is missing), accepted_fraction
+      list of dicts with: task, target, draft, temperature, gamma, verification, confidence_threshold (None =
+      off), max_ngram (prompt lookup, else None), batch_size, num_inputs, repeats, max_decode_length;
+      alpha (the paper's α used by the theory), alpha_source ("loop" or "tokens_per_call"), alpha_loop
+      (in-loop α or None), alpha_from_tokens (α inverted from tokens per call), alpha_rows (α per input, or
+      accepted fraction per input when the loop's α is missing), accepted_fraction
       (accepted / drafted), accepted_per_position (γ counts or None), mean_accepted_length (accepted per
       iteration), tokens_per_call, expected_tokens_per_call, c, draft_step_ms, target_step_ms,
       target_window_ms, window_over_step, expected_improvement (paper), expected_improvement_window
@@ -163,7 +220,8 @@ def run_row(target, draft, tokenizer, row: BenchRow, *, batch_sizes: Sequence[in
       iteration_ms, greedy_identical (temperature 0: speculative == temperature_sample token for token),
       quality_spec / quality_base, paper_alpha, paper_speedup, and ``environment()``.
     Raises:
-      FileNotFoundError: missing input or reference file. ValueError: as ``measure_pair``.
+      FileNotFoundError: missing input or reference file. ValueError: as ``measure_pair`` (an unknown
+        verification, a confidence threshold with a draft source that has no confidence …).
     """
     from specjax.tokenizer import as_tokenizer
     tokenizer = as_tokenizer(tokenizer)  # also a seqio.SentencePieceVocabulary or a model path
@@ -173,15 +231,17 @@ def run_row(target, draft, tokenizer, row: BenchRow, *, batch_sizes: Sequence[in
     refs = read_lines(row.references, row.num_inputs) if (row.references and with_quality and row.metric) else None
     ids = encode_inputs(tokenizer, lines, row.prefix, row.max_input_length)
     env = environment()
+    draft_model = None if (hasattr(draft, "propose") and hasattr(draft, "start")) else draft  # else a draft source
+    variants = [(v, ct, g) for v in row.verifications for ct in row.confidence_thresholds for g in row.gammas]
     records = []
     for bs in batch_sizes:
         batches = pad_batches(ids, batch_size=bs, pad_id=target.config.pad_id)
-        costs = measure_costs(target, draft, batches[0], row.gammas, steps=cost_steps)
-        for gamma in row.gammas:
+        costs = measure_costs(target, draft_model, batches[0], row.gammas, steps=cost_steps)
+        for verification, threshold, gamma in variants:
             m = measure_pair(target, draft, batches, gamma=gamma, temperature=row.temperature,
                              max_decode_length=row.max_decode_length, num_inputs=len(ids), seed=seed,
                              repeats=repeats, max_input_length=row.max_input_length, truncate=True,
-                             on_batch=on_batch)
+                             verification=verification, draft_confidence_threshold=threshold, on_batch=on_batch)
             c = costs["c"]
             alpha_tokens = alpha_from_tokens_per_call(m.tokens_per_target_call, gamma)
             alpha_loop = m.acceptance_rate
@@ -191,7 +251,8 @@ def run_row(target, draft, tokenizer, row: BenchRow, *, batch_sizes: Sequence[in
             expected = expected_improvement(alpha, gamma, c)
             rec = {
                 "task": row.task, "target": row.target, "draft": row.draft, "temperature": row.temperature,
-                "gamma": gamma, "batch_size": bs, "num_inputs": len(ids), "repeats": repeats,
+                "gamma": gamma, "verification": verification, "confidence_threshold": threshold,
+                "max_ngram": getattr(draft, "max_ngram", None) if draft_model is None else None, "batch_size": bs, "num_inputs": len(ids), "repeats": repeats,
                 "max_decode_length": row.max_decode_length,
                 "alpha": alpha, "alpha_source": "loop" if alpha_loop is not None else "tokens_per_call",
                 "alpha_loop": alpha_loop, "alpha_from_tokens": alpha_tokens,
@@ -200,7 +261,8 @@ def run_row(target, draft, tokenizer, row: BenchRow, *, batch_sizes: Sequence[in
                 "mean_accepted_length": m.mean_accepted_length,
                 "tokens_per_call": m.tokens_per_target_call,
                 "expected_tokens_per_call": expected_tokens_per_call(alpha, gamma),
-                "c": c, "draft_step_ms": costs["draft_step_s"] * 1e3, "target_step_ms": costs["target_step_s"] * 1e3,
+                "c": c, "draft_step_ms": None if costs["draft_step_s"] is None else costs["draft_step_s"] * 1e3,
+                "target_step_ms": costs["target_step_s"] * 1e3,
                 "target_window_ms": costs["target_window_s"][gamma] * 1e3, "window_over_step": w,
                 "expected_improvement": expected,
                 "expected_improvement_window": expected_tokens_per_call(alpha, gamma) / (gamma * c + w),

@@ -1,6 +1,9 @@
 """Reports of bench records: the paper's Table 2 as Markdown, CSV, and the α / speedup plots.
 
-Records are the dicts ``experiment.run_row`` returns. Columns whose field a record lacks stay empty.
+Records are the dicts ``experiment.run_row`` returns. Columns whose field a record lacks stay empty. The
+drafting-variant columns (``VARIANT_COLUMNS``: verification, confidence threshold) are in every CSV; the
+Markdown table shows them, after the paper's six columns, only when some record is not the default variant
+(token verification, no threshold), so a default run's table is unchanged.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import numpy as np
 
 from specjax.bench.theory import expected_improvement
 
-__all__ = ["TABLE_COLUMNS", "CSV_COLUMNS", "format_markdown", "write_csv", "plot_records"]
+__all__ = ["TABLE_COLUMNS", "VARIANT_COLUMNS", "CSV_COLUMNS", "format_markdown", "write_csv", "plot_records"]
 
 TABLE_COLUMNS = [
     # (key, header, format) -- the first six are the paper's Table 2 layout.
@@ -28,6 +31,22 @@ TABLE_COLUMNS = [
     ("spec_tokens_per_s", "spec tok/s", "{:.1f}"), ("base_tokens_per_s", "base tok/s", "{:.1f}"),
     ("spec_compile_seconds", "spec compile s", "{:.1f}"), ("base_compile_seconds", "base compile s", "{:.1f}"),
 ]
+
+# (key, header, format): which drafting variant a record measured (see ``_is_variant``).
+VARIANT_COLUMNS = [("verification", "verification", "{}"), ("confidence_threshold", "confidence threshold", "{:g}")]
+
+
+def _is_variant(rec: dict) -> bool:
+    """Whether a record is not the default variant: block verification or a confidence threshold."""
+    return rec.get("verification", "token") != "token" or rec.get("confidence_threshold") is not None
+
+
+def _variant_label(rec: dict) -> str:
+    """'' for the default variant, else e.g. ' block', ' conf 0.5' (plot legends, progress lines)."""
+    parts = [] if rec.get("verification", "token") == "token" else [str(rec["verification"])]
+    if rec.get("confidence_threshold") is not None:
+        parts.append(f"conf {rec['confidence_threshold']:g}")
+    return "".join(" " + p for p in parts)
 
 
 def _quality_text(rec: dict, which: str) -> str:
@@ -49,13 +68,15 @@ def _cell(rec: dict, key: str, fmt: str) -> str:
 
 def format_markdown(records: Sequence[dict]) -> str:
     """The records as a Markdown table: the paper's Table 2 columns (task, draft, temp, γ, α, speedup) first,
-    then the paper's numbers, theory, c, tokens per call, throughput, compile times and quality, then one
-    line with the environment (jax version, backend, device kind and count)."""
+    then verification and confidence threshold (only when some record is block verification or has a
+    threshold), the paper's numbers, theory, c, tokens per call, throughput, compile times and quality, then
+    one line with the environment (jax version, backend, device kind and count)."""
     has_q = any(r.get("quality_spec") for r in records)
-    heads = [h for _, h, _ in TABLE_COLUMNS] + (["quality (spec)", "quality (base)"] if has_q else [])
+    columns = TABLE_COLUMNS[:6] + (VARIANT_COLUMNS if any(map(_is_variant, records)) else []) + TABLE_COLUMNS[6:]
+    heads = [h for _, h, _ in columns] + (["quality (spec)", "quality (base)"] if has_q else [])
     lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
     for r in records:
-        cells = [_cell(r, k, f) for k, _, f in TABLE_COLUMNS]
+        cells = [_cell(r, k, f) for k, _, f in columns]
         if has_q:
             cells += [_quality_text(r, "spec"), _quality_text(r, "base")]
         lines.append("| " + " | ".join(cells) + " |")
@@ -68,18 +89,30 @@ def format_markdown(records: Sequence[dict]) -> str:
                      "mean of β = Σ min(p, q) over verified positions, measured in the loop (α source 'loop') or "
                      "inverted from tokens per target call ('tokens_per_call'); accepted fraction = accepted / "
                      "drafted; accepted per position = how often draft position 1…γ was accepted.")
+        if any(map(_is_variant, records)):
+            lines[-1] += (" verification: token = Leviathan et al. 2023, Algorithm 1; block = Sun et al. 2025. "
+                          "confidence threshold: each row stops drafting after a draft token whose probability "
+                          "is below it (γ is then the most drafted per iteration; empty = off).")
+        if any(r.get("max_ngram") is not None for r in records):
+            lines[-1] += (" draft prompt-lookup: n-gram proposals from the input and the output so far, no draft "
+                          "model (c = 0 in the theory; the lookup's cost is in the measured speedup).")
+        if any(r.get("confidence_threshold") is not None or r.get("max_ngram") is not None for r in records):
+            lines[-1] += (" The theory assumes γ tokens drafted every iteration; confidence-stopped and "
+                          "prompt-lookup rows draft fewer (prompt lookup none when no n-gram matches), which "
+                          "the expected columns do not model.")
     return "\n".join(lines) + "\n"
 
 
 CSV_COLUMNS = [k for k, _, _ in TABLE_COLUMNS] + [
     "alpha_loop", "alpha_from_tokens", "expected_improvement_window", "draft_step_ms", "target_step_ms", "target_window_ms", "iteration_ms",
     "spec_seconds", "base_seconds", "repeats", "max_decode_length", "greedy_identical", "quality_spec",
-    "quality_base", "jax", "backend", "device_kind", "device_count"]
+    "quality_base", "jax", "backend", "device_kind", "device_count"] + [k for k, _, _ in VARIANT_COLUMNS] + [
+    "max_ngram"]
 
 
 def write_csv(records: Sequence[dict], path: str) -> None:
     """One CSV line per record, columns ``CSV_COLUMNS`` (quality as ``name=value`` pairs; per-row α is in the
-    JSON only)."""
+    JSON only; ``verification`` "token" and an empty ``confidence_threshold`` for records without them)."""
     import csv
 
     with open(path, "w", newline="", encoding="utf-8") as f:
@@ -87,14 +120,14 @@ def write_csv(records: Sequence[dict], path: str) -> None:
         w.writerow(CSV_COLUMNS)
         for r in records:
             w.writerow([_quality_text(r, k[len("quality_"):]) if k.startswith("quality_")
-                        else _cell(r, k, "{}") for k in CSV_COLUMNS])
+                        else _cell(dict({"verification": "token"}, **r), k, "{}") for k in CSV_COLUMNS])
 
 
 def plot_records(records: Sequence[dict], out_dir: str) -> list[str]:
     """Two PNGs (matplotlib, Agg): ``alpha_vs_gamma.png`` (α measured per γ, with the paper's α, and tokens
     per target call measured next to (1 − α^(γ+1)) / (1 − α)) and ``speedup_vs_gamma.png`` (measured speedup
     next to the theory curve at the measured α and c, and the paper's speedup). One series per
-    (task, draft, temperature, batch size). Returns the paths written."""
+    (task, draft, temperature, batch size, verification, confidence threshold). Returns the paths written."""
     import os
 
     import matplotlib
@@ -104,14 +137,14 @@ def plot_records(records: Sequence[dict], out_dir: str) -> list[str]:
 
     series: dict[tuple, list[dict]] = {}
     for r in records:
-        series.setdefault((r["task"], r["draft"], r["temperature"], r["batch_size"]), []).append(r)
+        series.setdefault((r["task"], r["draft"], r["temperature"], r["batch_size"], _variant_label(r)), []).append(r)
     paths = []
     fig, (ax_a, ax_t) = plt.subplots(1, 2, figsize=(11, 4.2))
     fig2, ax_s = plt.subplots(figsize=(6.5, 4.2))
     for i, (key, rs) in enumerate(sorted(series.items(), key=lambda kv: str(kv[0]))):
         rs = sorted(rs, key=lambda r: r["gamma"])
         color = f"C{i % 10}"
-        label = f"{key[0]} {key[1]} T={key[2]:g}" + (f" b={key[3]}" if key[3] != 1 else "")
+        label = f"{key[0]} {key[1]}{key[4]} T={key[2]:g}" + (f" b={key[3]}" if key[3] != 1 else "")
         g = [r["gamma"] for r in rs]
         ax_a.plot(g, [r["alpha"] for r in rs], "o-", color=color, label=f"{label} α")
         ax_a.plot(g, [r["accepted_fraction"] for r in rs], "s:", color=color, label=f"{label} accepted fraction")

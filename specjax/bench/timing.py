@@ -145,16 +145,19 @@ class PairMeasurement:
 def measure_pair(target, draft, batches: Sequence[np.ndarray], *, gamma: int, temperature: float,
                  max_decode_length: int, num_inputs: int | None = None, seed: int = 0, repeats: int = 1,
                  top_k: int = 0, top_p: float = 1.0, max_input_length: int = 512, truncate: bool = False,
+                 verification: str = "token", draft_confidence_threshold: float | None = None,
                  on_batch: Callable[[], None] | None = None) -> PairMeasurement:
     """Runs speculative_sample and temperature_sample on the same batches, alternating, after compiling each.
 
     Args:
-      target, draft: ``T5Model``s.
+      target: a ``T5Model``. draft: a ``T5Model``, or a draft source (``specjax.PromptLookupDraft``).
       batches: int32[b, s] arrays sharing one shape (see ``pad_batches``).
       num_inputs: real rows in total (trailing filler rows of the last batch are excluded from counts).
       seed: batch ``j`` uses ``PRNGKey(seed + j)`` for both methods.
       repeats: passes over all batches; times are summed, results kept from the last pass.
       max_input_length, truncate: passed to both decode functions (longer inputs are cut when truncate).
+      verification, draft_confidence_threshold: passed to ``speculative_sample`` only ("token" / "block";
+        None or a probability in [0, 1], draft models only).
       on_batch: called after each batch (progress bars).
     Returns:
       ``PairMeasurement`` (seconds include waiting for the device to finish each call).
@@ -166,8 +169,13 @@ def measure_pair(target, draft, batches: Sequence[np.ndarray], *, gamma: int, te
     kw = dict(max_decode_length=max_decode_length, temperature=temperature, top_k=top_k, top_p=top_p,
               max_input_length=max_input_length, truncate=truncate)
 
+    spec_kw = dict(kw, verification=verification)
+    if draft_confidence_threshold is not None:  # the keyword stays unset for draft sources without confidence
+        spec_kw["draft_confidence_threshold"] = draft_confidence_threshold
+
     def spec(j, x):
-        return finish(speculative_sample(target, draft, x, rng=jax.random.PRNGKey(seed + j), gamma=gamma, **kw))
+        return finish(speculative_sample(target, draft, x, rng=jax.random.PRNGKey(seed + j), gamma=gamma,
+                                         **spec_kw))
 
     def base(j, x):
         return finish(temperature_sample(target, x, rng=jax.random.PRNGKey(seed + j), **kw))
@@ -251,6 +259,9 @@ def measure_costs(target, draft, encoder_input_tokens, gammas: Sequence[int], st
     """``measure_cost_ratio`` for several γ at once (the k=1 steps are timed once, the windows per γ).
 
     Args:
+      draft: a ``T5Model``, or None when there is no draft model (prompt lookup): then ``draft_step_s`` is
+        None and ``c`` is 0 (the paper's negligible-draft limit; the lookup's own cost shows only in the
+        measured speedup).
       encoder_input_tokens: int32[b, s].
       gammas: the γ values whose target windows (k = γ+1) to time.
     Returns:
@@ -258,8 +269,8 @@ def measure_costs(target, draft, encoder_input_tokens, gammas: Sequence[int], st
       ``target_window_s`` / ``window_over_step``: dicts γ -> seconds / ratio.
     """
     tokens = np.asarray(encoder_input_tokens, np.int32)
-    d = _time_steps(draft, tokens, 1, steps, repeats)
+    d = None if draft is None else _time_steps(draft, tokens, 1, steps, repeats)
     t1 = _time_steps(target, tokens, 1, steps, repeats)
     windows = {int(g): _time_steps(target, tokens, int(g) + 1, steps, repeats) for g in sorted(set(gammas))}
-    return {"draft_step_s": d, "target_step_s": t1, "c": d / t1, "target_window_s": windows,
+    return {"draft_step_s": d, "target_step_s": t1, "c": 0.0 if d is None else d / t1, "target_window_s": windows,
             "window_over_step": {g: w / t1 for g, w in windows.items()}}

@@ -4,6 +4,9 @@ Rows come from an experiment file (``--config configs/paper_table2.json``; layou
 or from the command line (``--target/--draft/--tokenizer/--input``; with neither, the shipped default pair
 on Multi30k test 2016). Every row is measured at each γ and batch size: speculative_sample and
 temperature_sample on the same inputs, alternating, after compilation (compile time reported apart).
+Drafting variants are sweep axes too: ``--verification token block``, ``--draft-confidence-threshold 0.3
+0.5`` (``none`` = off), and ``--draft prompt-lookup`` (n-gram proposals, no draft model; ``--max-ngram``); the
+tables then say each row's verification, confidence threshold and draft.
 Writes ``table.md``, ``table.csv``, ``results.json``, ``alpha_vs_gamma.png`` and ``speedup_vs_gamma.png``
 to ``--out``. ``--profile`` traces the real compiled decode (``jax.profiler``) and writes ``profile.md/json``:
 per loop iteration the time in each named scope, thunks per iteration, the fixed per-call cost, beside this
@@ -18,6 +21,18 @@ from __future__ import annotations
 import argparse
 import sys
 
+_LOOKUP = "prompt-lookup"  # specjax.bench.PROMPT_LOOKUP, spelled here so --help imports nothing heavy
+
+
+def _threshold(text: str) -> float | None:
+    """A ``--draft-confidence-threshold`` value: a number, or ``none`` / ``off`` (no threshold: fixed γ)."""
+    if text.lower() in ("none", "off"):
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a probability in [0, 1] or 'none', got {text!r}") from None
+
 
 def add_parser(sub) -> None:
     """Registers ``specjax bench``."""
@@ -31,7 +46,8 @@ def add_parser(sub) -> None:
     src.add_argument("--model", action="append", default=[], metavar="NAME=PATH",
                      help="replace a model of the experiment file, e.g. T5-XXL=gs://my-bucket/xxl_ende/checkpoint_N")
     src.add_argument("--target", help="target checkpoint (overrides every row's target)")
-    src.add_argument("--draft", help="draft checkpoint (overrides every row's draft)")
+    src.add_argument("--draft", help="draft checkpoint, or 'prompt-lookup' (n-gram proposals from the input and the "
+                                     "output so far, no draft model); overrides every row's draft")
     src.add_argument("--tokenizer", help="SentencePiece model (local or gs://); 'default' = the shipped pair's")
     src.add_argument("--input", help="input text file, one input per line (without --config)")
     src.add_argument("--references", help="line-aligned references for BLEU/ROUGE (without --config)")
@@ -43,6 +59,14 @@ def add_parser(sub) -> None:
     sweep.add_argument("--gammas", type=int, nargs="+", help="γ values (default: each row's; without --config 1 2 3 4 5)")
     sweep.add_argument("--temperatures", type=float, nargs="+", help="temperatures (default: each row's; else 0 1)")
     sweep.add_argument("--batch-sizes", type=int, nargs="+", default=[1], help="batch sizes (default 1)")
+    sweep.add_argument("--verification", nargs="+", choices=["token", "block"],
+                       help="verifiers: token = Leviathan et al. 2023, Algorithm 1; block = Sun et al. 2025 "
+                            "(default: each row's; else token)")
+    sweep.add_argument("--draft-confidence-threshold", type=_threshold, nargs="+", metavar="P",
+                       help="draft confidence thresholds in [0, 1], 'none' = off: a row stops drafting after a "
+                            "draft token whose probability is below P, γ at most (default: each row's; else off)")
+    sweep.add_argument("--max-ngram", type=int,
+                       help="with --draft prompt-lookup: the longest n-gram matched (default: each row's; else 3)")
     sweep.add_argument("--num-inputs", type=int, help="first N input lines (default: the file's; without --config 32)")
     sweep.add_argument("--max-decode-length", type=int, help="most output tokens (default: the file's; else 64)")
     sweep.add_argument("--max-input-length", type=int, help="inputs truncated to this many tokens (default 512)")
@@ -105,8 +129,10 @@ def _rows(args):
         if not rows:
             raise ValueError(f"No rows of {args.config} match --task {args.task} --draft-name {args.draft_name}.")
     else:
-        if bool(args.target) != bool(args.draft):
-            raise ValueError("Give both --target and --draft, or neither (the shipped default pair).")
+        lookup = args.draft == _LOOKUP
+        if bool(args.target) != bool(args.draft) and not lookup:
+            raise ValueError("Give both --target and --draft, or neither (the shipped default pair); --draft "
+                             "prompt-lookup needs no draft model.")
         if args.input:
             inp, refs = args.input, args.references
         else:
@@ -118,12 +144,15 @@ def _rows(args):
         rows = [bench.BenchRow(
             task=args.task_name or ("multi30k" if not args.input else os.path.splitext(os.path.basename(inp))[0]),
             target="target" if args.target else "default target",
-            draft="draft" if args.draft else "distilled",
+            draft=_LOOKUP if lookup else ("draft" if args.draft else "distilled"),
             target_path=args.target or "default:target", draft_path=args.draft or "default:distilled",
             temperature=float(t), gammas=tuple(args.gammas or (1, 2, 3, 4, 5)), input=inp, references=refs,
             metric=metric, tokenizer=args.tokenizer or ("default" if not args.target else ""),
             num_inputs=args.num_inputs or 32, max_decode_length=args.max_decode_length or 64,
-            max_input_length=args.max_input_length or 512, prefix=args.prefix or "") for t in temps]
+            max_input_length=args.max_input_length or 512, prefix=args.prefix or "",
+            verifications=tuple(args.verification or ("token",)),
+            confidence_thresholds=tuple(args.draft_confidence_threshold or (None,)),
+            max_ngram=3 if args.max_ngram is None else args.max_ngram) for t in temps]
         if args.target and not args.tokenizer:
             raise ValueError("--tokenizer SPIECE_MODEL is needed with --target/--draft checkpoints.")
         return rows
@@ -134,11 +163,17 @@ def _rows(args):
         if args.target:
             changes.update(target_path=args.target, target="target")
         if args.draft:
-            changes.update(draft_path=args.draft, draft="draft")
+            changes.update(draft_path=args.draft, draft=_LOOKUP if args.draft == _LOOKUP else "draft")
         if args.tokenizer:
             changes["tokenizer"] = args.tokenizer
         if args.gammas:
             changes["gammas"] = tuple(args.gammas)
+        if args.verification:
+            changes["verifications"] = tuple(args.verification)
+        if args.draft_confidence_threshold:
+            changes["confidence_thresholds"] = tuple(args.draft_confidence_threshold)
+        if args.max_ngram is not None:
+            changes["max_ngram"] = args.max_ngram
         for key in ("num_inputs", "max_decode_length", "max_input_length", "prefix"):
             if getattr(args, key) is not None:
                 changes[key] = getattr(args, key)
@@ -155,6 +190,38 @@ def _rows(args):
                     expanded.append(dataclasses.replace(r, temperature=float(t)))
         new = expanded
     return new
+
+
+def _check_variants(rows) -> None:
+    """Refuses, before anything loads, a row whose drafting variants ``speculative_sample`` would not take:
+    each (verification, threshold) pair goes through the CLI's own ``speculative_kwargs`` (so the messages
+    are ``specjax generate``'s), and a prompt-lookup row builds its ``PromptLookupDraft`` (``draft_source``).
+
+    Raises:
+      ValueError: a threshold outside [0, 1] or with ``--draft prompt-lookup``; ``--max-ngram`` < 1.
+    """
+    from specjax.cli import draft_source, speculative_kwargs
+
+    for r in rows:
+        lookup = r.draft_path == _LOOKUP
+        for v in r.verifications:
+            for c in r.confidence_thresholds:
+                speculative_kwargs(argparse.Namespace(verification=v, draft_confidence_threshold=c,
+                                                      draft=_LOOKUP if lookup else None))
+        if lookup:
+            if r.max_ngram < 1:
+                raise ValueError(f"--max-ngram must be >= 1, got {r.max_ngram}; 3 is the usual choice.")
+            draft_source(argparse.Namespace(draft=_LOOKUP, max_ngram=r.max_ngram), None)
+
+
+def _draft(loader, row):
+    """The row's draft: its loaded model, or ``specjax.PromptLookupDraft(max_ngram=row.max_ngram)`` for a
+    prompt-lookup row (the CLI's ``draft_source``)."""
+    from specjax.cli import draft_source
+
+    lookup = row.draft_path == _LOOKUP
+    return draft_source(argparse.Namespace(draft=_LOOKUP if lookup else None, max_ngram=row.max_ngram),
+                        None if lookup else loader.model(row.draft_path))
 
 
 class _Loader:
@@ -221,13 +288,21 @@ def run(args: argparse.Namespace) -> int:
 
     from specjax import bench
 
-    for name in ("num_inputs", "max_decode_length", "max_input_length", "hf_inputs", "profile_calls"):
+    for name in ("num_inputs", "max_decode_length", "max_input_length", "hf_inputs", "profile_calls", "max_ngram"):
         v = getattr(args, name)
         if v is not None and v < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {v}.")
     if args.repeats < 1 or any(b < 1 for b in args.batch_sizes) or any(g < 1 for g in (args.gammas or [1])):
         raise ValueError("--repeats, --batch-sizes and --gammas must be >= 1.")
     rows = _rows(args)
+    _check_variants(rows)
+    first_lookup, any_lookup = rows[0].draft_path == _LOOKUP, any(r.draft_path == _LOOKUP for r in rows)
+    for flag, refused in (("--profile", (args.profile or args.profile_only) and any_lookup),  # every row
+                          ("--against", args.against and first_lookup),  # the first row
+                          ("--hf", (args.hf or args.hf_only) and first_lookup)):
+        if refused:
+            raise ValueError(f"{flag} needs a draft model; --draft prompt-lookup has none (drop one of the two, "
+                             "or run them separately).")
     os.makedirs(args.out, exist_ok=True)
     loader = _Loader(args.dtype)
     env = bench.environment()
@@ -238,20 +313,23 @@ def run(args: argparse.Namespace) -> int:
     if not (args.hf_only or args.profile_only or args.no_table):
         def count(r):
             n = min(r.num_inputs, len(bench.read_lines(r.input, r.num_inputs)))
-            return sum(-(-n // b) for b in args.batch_sizes) * len(r.gammas) * args.repeats
+            return (sum(-(-n // b) for b in args.batch_sizes) * len(r.gammas) * len(r.verifications)
+                    * len(r.confidence_thresholds) * args.repeats)
 
         total = sum(count(r) for r in rows)
         with tqdm(total=total, desc="bench", unit="batch", file=sys.stderr) as bar:
             for r in rows:
                 bar.set_postfix_str(f"{r.task} {r.draft} T={r.temperature:g} loading")
-                target, draft = loader.model(r.target_path), loader.model(r.draft_path)
+                target, draft = loader.model(r.target_path), _draft(loader, r)
                 tok = loader.tokenizer(r.tokenizer)
                 bar.set_postfix_str(f"{r.task} {r.draft} T={r.temperature:g}")
                 recs = bench.run_row(target, draft, tok, r, batch_sizes=args.batch_sizes, repeats=args.repeats,
                                      seed=args.seed, cost_steps=args.cost_steps, with_quality=not args.no_quality,
                                      on_batch=lambda: bar.update(1))
                 for x in recs:
-                    tqdm.write(f"{x['task']:>10} {x['draft']:>12} T={x['temperature']:g} γ={x['gamma']} "
+                    variant = (f" {x['verification']}" if x["verification"] != "token" else "") + (
+                        f" conf {x['confidence_threshold']:g}" if x["confidence_threshold"] is not None else "")
+                    tqdm.write(f"{x['task']:>10} {x['draft']:>12}{variant} T={x['temperature']:g} γ={x['gamma']} "
                                f"b={x['batch_size']}: α={x['alpha']:.3f} ({x['alpha_source']}), accepted fraction "
                                f"{x['accepted_fraction']:.3f}, mean accepted length {x['mean_accepted_length']:.2f}, "
                                f"speedup {x['speedup']:.2f}x "
