@@ -99,8 +99,8 @@ def main(argv=None) -> None:
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--models", nargs="+", default=["target", "draft"])
     parser.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
-                        help="also time the new code compiled with this XLA option (e.g. "
-                             "xla_cpu_multi_thread_eigen=false), side by side; repeatable")
+                        help="also time the new code compiled with these XLA options (e.g. "
+                             "xla_cpu_multi_thread_eigen=false, or several: A=1,B=2), side by side; repeatable")
     parser.add_argument("--profile", help="folder for jax.profiler traces (one per program)")
     args = parser.parse_args(argv)
 
@@ -110,9 +110,11 @@ def main(argv=None) -> None:
     if args.old:
         impls["old"] = (load_impl(args.old), {})
     for opt in args.option:
-        name, value = opt.split("=", 1)
-        value = {"true": True, "false": False}.get(value.lower(), value)
-        impls[opt] = (t5_new, {name: value})
+        options = {}
+        for item in opt.split(","):  # NAME=VALUE[,NAME=VALUE...]: one variant compiled with all of them
+            name, value = item.split("=", 1)
+            options[name] = {"true": True, "false": False}.get(value.lower(), value)
+        impls[opt] = (t5_new, options)
     ks = (1, args.gamma + 1)
     rng = np.random.default_rng(0)
     programs = {}  # (model, batch, k, impl) -> (fn, args)
