@@ -229,27 +229,3 @@ def test_run_time_encoder_width_equals_whole_width(setup, longest):
     # One program holds every width below s and s itself.
     hlo = jax.jit(dm.encode).lower(model.params, enc).as_text()
     assert "case" in hlo or "conditional" in hlo
-
-
-@pytest.mark.parametrize("k", [1, 4])
-def test_fused_decode_params_equal_plain(setup, k):
-    """``fuse_decode_params`` (stacked q/k/v and wi_0/wi_1 kernels, read in one matmul each) gives the logits
-    and cache of the plain parameters (ATOL), and ``T5Decoding.prepare_decode`` is what adds them."""
-    from specjax.models.adapter import T5Decoding
-
-    cfg, model, encoded, dec, _ = setup
-    fused = t5.fuse_decode_params(cfg, model.params)
-    layer = fused["decoder"]["layers_0"]
-    assert layer["self_attention"]["qkv_kernel"].shape == (cfg.d_model, 3, cfg.num_heads * cfg.head_dim)
-    assert ("wi_kernel" in layer["mlp"]) == cfg.gated_gelu
-    prepared = T5Decoding(cfg).prepare_decode(model.params)
-    assert "qkv_kernel" in prepared["decoder"]["layers_0"]["self_attention"]
-    assert "qkv_kernel" not in T5Decoding(cfg, fuse_projections=False).prepare_decode(model.params)[
-        "decoder"]["layers_0"]["self_attention"]
-    cache = t5.init_cache(cfg, 2, T + 8)
-    pos = np.array([0, 3], np.int32)
-    la, ca = _decode(cfg, model.params, encoded, dec[:, :k], cache, pos)
-    lb, cb = _decode(cfg, fused, encoded, dec[:, :k], cache, pos)
-    np.testing.assert_allclose(lb, la, atol=ATOL)
-    for x, y in zip(jax.tree_util.tree_leaves(cb), jax.tree_util.tree_leaves(ca)):
-        np.testing.assert_allclose(y, x, atol=ATOL)

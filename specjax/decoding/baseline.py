@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from specjax.decoding.drafts import decoder_input_at
 from specjax.decoding.inputs import DecodeConfig, prepare_tokens, raw_keys, row_keys
 from specjax.decoding.loop import split_rows
-from specjax.decoding.model import DecodingModel, as_decoding_model, decode_params
+from specjax.decoding.model import DecodingModel, as_decoding_model
 from specjax.decoding.result import Counters, DecodeResult
 from specjax.decoding.xla_cpu import TunedJit
 from specjax.sampling import SamplingParams, sample_rows
@@ -52,7 +52,6 @@ def _baseline_loop(model: DecodingModel, config: DecodeConfig, params, encoder_i
     with jax.named_scope("encode"):
         keys = row_keys(raw_key, b)
         encoded = model.encode(params, encoder_input_tokens)
-        params = decode_params(model, params)  # once per call, before the loop
     init = BaselineState(model.init_cache(b, T + 1), jnp.zeros((), jnp.int32), jnp.full((b, T), pad_id, jnp.int32),
                          jnp.zeros((b,), bool), keys, jnp.zeros((b,), jnp.int32))
 

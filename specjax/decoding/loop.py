@@ -25,7 +25,7 @@ import jax.numpy as jnp
 
 from specjax.decoding.drafts import DraftSource, ModelDraft, decoder_input_at
 from specjax.decoding.inputs import DecodeConfig, prepare_tokens, raw_keys, row_keys
-from specjax.decoding.model import DecodingModel, as_decoding_model, decode_params
+from specjax.decoding.model import DecodingModel, as_decoding_model
 from specjax.decoding.result import Counters, DecodeResult
 from specjax.decoding.verify import Proposal, Verdict, get_verifier
 from specjax.decoding.xla_cpu import TunedJit
@@ -114,8 +114,6 @@ def _speculative_loop(target: DecodingModel, draft: DraftSource, config: DecodeC
         keys = row_keys(raw_key, b)
         encoded = target.encode(target_params, encoder_input_tokens)
         draft_context, draft_carry = draft.start(draft_params, encoder_input_tokens, T + g + 1)
-        target_params = decode_params(target, target_params)  # once per call, before the loop
-        draft_params = decode_params(getattr(draft, "model", None), draft_params)
     init = SpecState(target.init_cache(b, T + g + 1), draft_carry, jnp.zeros((b,), jnp.int32),
                      jnp.full((b, T), target.pad_id, jnp.int32), jnp.zeros((b,), bool), keys,
                      Counters.zeros(b, g))

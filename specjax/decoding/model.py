@@ -9,7 +9,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import jax
 
-__all__ = ["DecodingModel", "as_decoding_model", "decode_params"]
+__all__ = ["DecodingModel", "as_decoding_model"]
 
 Params = Any
 
@@ -37,14 +37,6 @@ class DecodingModel(Protocol):
 
     def init_cache(self, batch: int, length: int) -> Any:
         """An empty cache pytree for ``batch`` rows and ``length`` decoder positions."""
-
-
-def decode_params(model, params: Params) -> Params:
-    """The parameters a loop passes to ``model.decode``: ``model.prepare_decode(params)`` for a model that has
-    that optional method (computed once per call, before the loop: e.g. specjax's T5 stacks its q/k/v
-    kernels), else ``params``."""
-    prepare = getattr(model, "prepare_decode", None)
-    return params if prepare is None else prepare(params)
 
 
 def as_decoding_model(model, what: str) -> tuple[DecodingModel, Params]:

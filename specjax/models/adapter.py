@@ -27,12 +27,9 @@ class T5Decoding:
     Attributes:
       config: ``T5Config``.
       encode_widths: see ``encode``; ``()`` encodes the whole padded width.
-      fuse_projections: ``prepare_decode`` stacks each decoder layer's q/k/v and wi_0/wi_1 kernels
-        (``specjax.models.t5.fuse_decode_params``); False leaves the parameters as they are.
     """
     config: t5.T5Config
     encode_widths: tuple[int, ...] = ENCODE_WIDTHS
-    fuse_projections: bool = True
 
     @property
     def vocab_size(self) -> int:
@@ -72,12 +69,6 @@ class T5Decoding:
             return run
 
         return jax.lax.switch(index, [at_width(w) for w in widths], tokens)
-
-    def prepare_decode(self, params):
-        """The parameters ``decode`` reads inside a loop, made once per call before it: with
-        ``fuse_projections`` the t5x pytree plus stacked q/k/v and wi_0/wi_1 kernels (fewer, larger matmuls
-        per step; ``specjax.models.t5.fuse_decode_params``), else ``params`` itself."""
-        return t5.fuse_decode_params(self.config, params) if self.fuse_projections else params
 
     def decode(self, params, encoded, tokens, cache, positions):
         """int32[b, k] at int32[b] -> (float32 logits [b, k, v], cache) (``specjax.models.t5.decode``)."""

@@ -214,18 +214,6 @@ class Projections(nn.Module):
         """[b, s, d] -> keys, values [b, s, n, h]."""
         return self.heads(self.key, x), self.heads(self.value, x)
 
-    def qkv(self, x):
-        """[b, t, d] -> queries, keys, values [b, t, n, h] of the same input. With a ``qkv_kernel`` [d, 3, n*h]
-        among this block's parameters (``fuse_decode_params`` adds it) one matmul reads all three kernels
-        (equal to ``q(x), *kv(x)`` up to float32 rounding); else three."""
-        params = self.variables.get("params", {})
-        if "qkv_kernel" not in params:
-            return (self.q(x), *self.kv(x))
-        cfg = self.config
-        kernel = params["qkv_kernel"]
-        y = jnp.einsum("...i,io->...o", x, kernel.reshape(kernel.shape[0], -1).astype(cfg.compute_dtype))  # [b, t, 3nh]
-        return tuple(part.reshape(part.shape[:-1] + (cfg.num_heads, cfg.head_dim)) for part in jnp.split(y, 3, -1))
-
     def kv_heads_first(self, x):
         """[b, s, d] -> keys, values [b, n, s, h] (the layout ``attend`` reads)."""
         k, v = self.kv(x)
@@ -245,21 +233,13 @@ class Projections(nn.Module):
 
 
 class MLP(nn.Module):
-    """T5 feed-forward: ``wo(relu(wi x))`` (1.0) or ``wo(gelu_tanh(wi_0 x) * wi_1 x)`` (1.1). With a
-    ``wi_kernel`` [d, 2, f] among its parameters (``fuse_decode_params``) the gated MLP reads ``wi_0`` and
-    ``wi_1`` in one matmul (equal up to float32 rounding)."""
+    """T5 feed-forward: ``wo(relu(wi x))`` (1.0) or ``wo(gelu_tanh(wi_0 x) * wi_1 x)`` (1.1)."""
     config: T5Config
 
     @nn.compact
     def __call__(self, x):
         cfg = self.config
-        params = self.variables.get("params", {})
-        if cfg.gated_gelu and "wi_kernel" in params:
-            kernel = params["wi_kernel"]
-            y = jnp.einsum("...i,io->...o", x, kernel.reshape(kernel.shape[0], -1).astype(cfg.compute_dtype))
-            h0, h1 = jnp.split(y, 2, -1)
-            h = nn.gelu(h0, approximate=True) * h1
-        elif cfg.gated_gelu:
+        if cfg.gated_gelu:
             h = (nn.gelu(Dense(cfg.mlp_dim, ("embed", "mlp"), cfg, name="wi_0")(x), approximate=True)
                  * Dense(cfg.mlp_dim, ("embed", "mlp"), cfg, name="wi_1")(x))
         else:
@@ -312,9 +292,10 @@ class DecoderLayer(nn.Module):
         """
         with jax.named_scope("self_attention"):
             y = self.pre_self_attention_layer_norm(x)
-            q, new_k, new_v = self.self_attention.qkv(y)
+            new_k, new_v = self.self_attention.kv(y)
             k, v = write(self_kv[0], new_k), write(self_kv[1], new_v)
-            x = x + _dropout(self, self.self_attention.attend(q, k, v, self_bias), self.dropout_rate)
+            x = x + _dropout(self, self.self_attention.attend(self.self_attention.q(y), k, v, self_bias),
+                             self.dropout_rate)
         with jax.named_scope("cross_attention"):
             y = self.pre_cross_attention_layer_norm(x)
             x = x + _dropout(self, self.encoder_decoder_attention.attend(
@@ -506,28 +487,6 @@ def encoder_outputs(config: T5Config, params: Params, encoder_input_tokens) -> j
     _check_tokens(config, encoder_input_tokens, "encoder_input_tokens")
     return Transformer(config).apply({"params": params}, jnp.asarray(encoder_input_tokens, jnp.int32),
                                      method=Transformer.encode)[0]
-
-
-def fuse_decode_params(config: T5Config, params: Params) -> Params:
-    """``params`` plus, in every decoder layer, the self-attention kernels stacked ``qkv_kernel`` [d, 3, n*h]
-    and (gated MLPs) ``mlp/wi_kernel`` [d, 2, f]: ``decode`` then reads each group in one matmul instead of
-    three / two (fewer, larger dots: on CPU at batch 1 each small dot is a thunk of its own). A copy of those
-    kernels (for the shipped mini target 11 MB); the decode loops make it once per call, before the loop. The
-    original t5x-named kernels stay (the encoder and training read them). Outputs equal ``decode`` with
-    ``params`` up to float32 rounding.
-    """
-    dec = dict(params["decoder"])
-    for i in range(config.num_decoder_layers):
-        layer = dict(dec[f"layers_{i}"])
-        sa = dict(layer["self_attention"])
-        sa["qkv_kernel"] = jnp.stack([sa[n]["kernel"] for n in ("query", "key", "value")], axis=1)
-        layer["self_attention"] = sa
-        if config.gated_gelu:
-            mlp = dict(layer["mlp"])
-            mlp["wi_kernel"] = jnp.stack([mlp["wi_0"]["kernel"], mlp["wi_1"]["kernel"]], axis=1)
-            layer["mlp"] = mlp
-        dec[f"layers_{i}"] = layer
-    return {**params, "decoder": dec}
 
 
 def decode(config: T5Config, params: Params, encoded: Encoded, tokens, cache: KVCache, positions):
