@@ -155,3 +155,37 @@ def test_model_config_json_sets_the_size(tmp_path, data_dir, capsys):
                  "--max-examples", "600"])
     assert code == 2
     assert "layers" in capsys.readouterr().err and not (tmp_path / "e").exists()
+
+
+def test_sigterm_keeps_the_trained_steps(tmp_path, data_dir):
+    """A job manager's SIGTERM (a session ending) saves the resume point as Ctrl-C does: with no periodic save
+    due (--save-every 10000), state.msgpack appears holding the steps done, and the process ends cleanly."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    d = data_dir / "train" / "multi30k"
+    run = tmp_path / "t"
+    cmd = [sys.executable, "-m", "specjax", "train", "--run-dir", str(run), "--model", "draft", "--source",
+           str(d / "train.en"), "--target-text", str(d / "train.de"), "--vocab-size", "500", "--max-examples",
+           "600", "--tokens-per-batch", "256", "--steps", "100000", "--seed", "3", "--snapshot-every", "1",
+           "--save-every", "10000"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    try:
+        deadline = time.time() + 600
+        while not (run / "snapshots" / "step_1.msgpack").exists():
+            assert proc.poll() is None, proc.communicate()
+            assert time.time() < deadline, "no training step within 600 s"
+            time.sleep(0.5)
+        assert not (run / "state.msgpack").exists()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0 and "Traceback" not in err, err
+    state = serialization.msgpack_restore((run / "state.msgpack").read_bytes())
+    assert int(state["step"]) >= 1
