@@ -202,7 +202,7 @@ def test_run_time_encoder_width_equals_whole_width(setup, longest):
     the whole padded width at every real position up to float32 rounding (rtol 1e-5, atol 1e-6: masked keys get
     exactly zero weight, only reduction orders differ), are zero
     past the width, and the decoder's logits agree (ATOL)."""
-    from specjax.models.adapter import ENCODE_WIDTHS, T5Decoding
+    from specjax.models.adapter import ENCODE_WIDTHS, T5Decoding, run_time_widths
 
     cfg, model, _, dec, _ = setup
     s = 48
@@ -214,7 +214,9 @@ def test_run_time_encoder_width_equals_whole_width(setup, longest):
     dm = T5Decoding(cfg)
     assert dm.encode_widths == ENCODE_WIDTHS
     ran = jax.jit(dm.encode)(model.params, enc)
-    width = min([w for w in ENCODE_WIDTHS if w >= longest] + [s])
+    assert run_time_widths(ENCODE_WIDTHS, s) == [16, 32, 48]
+    assert run_time_widths(ENCODE_WIDTHS, 512) == [64, 128, 256, 512]
+    width = min(w for w in run_time_widths(ENCODE_WIDTHS, s) if w >= longest)
     for a, c in zip(whole.cross_k + whole.cross_v, ran.cross_k + ran.cross_v):
         assert a.shape == c.shape == (3, cfg.num_heads, s, cfg.head_dim)
         real = (enc != 0)[:, None, :, None]

@@ -164,7 +164,17 @@ def _validate(args):
               f"{args.max_decode_length} (no iteration can use more drafts).", file=sys.stderr)
         args.gamma = args.max_decode_length
     if args.input != "-" and not os.path.exists(args.input):
-        raise FileNotFoundError(f"No input file {args.input!r}.")
+        raise FileNotFoundError(f"No input file {args.input!r}; pass a text file with one input per line, or - "
+                                "for stdin.")
+    if args.input != "-" and os.path.isdir(args.input):
+        raise ValueError(f"--input {args.input!r} is a directory; pass a text file with one input per line.")
+    if args.output != "-" and os.path.isdir(args.output):
+        raise ValueError(f"--output {args.output!r} is a directory; pass a file name (e.g. "
+                         f"{os.path.join(args.output, 'outputs.txt')!r}).")
+    parent = os.path.dirname(os.path.abspath(args.output)) if args.output != "-" else ""
+    if parent and not os.path.isdir(parent):
+        raise FileNotFoundError(f"--output {args.output!r}: the directory {parent!r} does not exist; create it "
+                                "first (mkdir -p).")
     if args.output != "-" and os.path.abspath(args.output) == os.path.abspath(args.input):
         raise ValueError("--output must differ from --input.")
 
@@ -245,7 +255,7 @@ def run(args: argparse.Namespace) -> int:
     out = sys.stdout if args.output == "-" else open(args.output, "a", encoding="utf-8")
     bar = tqdm(total=len(lines), initial=done, unit="line", file=sys.stderr, desc="generate")
     try:
-        bs = args.batch_size
+        bs = max(1, min(args.batch_size, len(encoded)))  # a short file is not padded to --batch-size rows
         for start in range(0, len(encoded), bs):
             rows = encoded[start:start + bs]
             width = _bucket(max(len(r) for r in rows), args.max_input_length)

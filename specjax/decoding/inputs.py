@@ -46,7 +46,7 @@ class DecodeConfig:
 
     Everything else (tokens, keys, temperature, top-k, top-p) is a traced array, so one compiled program
     serves every value of those. Changing a field here compiles a new program (on this project's 2-core CPU,
-    ~2-6 s for the shipped pair; on TPU tens of seconds for T5-XXL).
+    ~10-30 s for the shipped pair on a 2-core CPU; on TPU tens of seconds for T5-XXL).
 
     Attributes:
       max_decode_length: ``T``, the most output tokens per row (tokens).

@@ -198,7 +198,7 @@ def speculative_sample(target, draft, encoder_input_tokens, *, rng=None, gamma: 
 
     One jit-compiled XLA program (a single ``lax.while_loop``; no host callbacks). Traceable: it runs eagerly
     with friendly errors, and inside a user's ``jax.jit`` / ``shard_map`` / ``pmap`` with traced tokens, keys
-    and sampling parameters. Static (a new value compiles a new program, ~2-6 s on a 2-core CPU for the
+    and sampling parameters. Static (a new value compiles a new program, ~10-30 s on a 2-core CPU for the
     shipped pair): ``gamma``, ``max_decode_length``, ``eos_id``, ``verification``, ``max_input_length``,
     ``truncate``, the models' configs and the input shape. Traced (one program serves every value):
     tokens, ``rng``, ``temperature``, ``top_k``, ``top_p``, parameters.

@@ -12,12 +12,18 @@ import jax.numpy as jnp
 
 from specjax.models import t5
 
-__all__ = ["T5Decoding", "ENCODE_WIDTHS"]
+__all__ = ["T5Decoding", "ENCODE_WIDTHS", "run_time_widths"]
 
-ENCODE_WIDTHS = (16, 24, 32, 48, 64, 96, 128, 192, 256, 384)
+ENCODE_WIDTHS = (16, 32, 64, 128, 256)
 """Encoder widths (tokens) ``T5Decoding.encode`` picks from at run time: the smallest one that holds the
-longest row of the call (the padded width ``s`` itself when none below it does). Steps of 1.5× or 1.33×
-keep the encoder's wasted work under a third while a program holds at most a handful of encoders."""
+longest row of the call (the padded width ``s`` itself when none below it does). Each width is one more
+encoder in the program (on the 2-core CPU ~3-8 s more compile time for the shipped pair), so only widths of at
+least ``s / 8`` are used (``run_time_widths``): at most four branches, wasted encoder work under 2x."""
+
+
+def run_time_widths(widths: tuple[int, ...], s: int) -> list[int]:
+    """The encoder widths a program for padded width ``s`` holds: ``widths`` in [s / 8, s), then ``s``."""
+    return [w for w in widths if s / 8 <= w < s] + [s]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,7 +50,7 @@ class T5Decoding:
     def encode(self, params, encoder_input_tokens):
         """int32[b, s] -> ``t5.Encoded`` (mask [b, s], cross keys/values [b, n, s, h]), as
         ``specjax.models.t5.encode``, but the encoder runs only on the first ``w`` tokens of every row, ``w``
-        the smallest of ``encode_widths`` (and ``s``) covering the call's last non-pad token: one
+        the smallest of ``run_time_widths(encode_widths, s)`` covering the call's last non-pad token: one
         ``lax.switch`` branch per width inside the compiled program, the keys/values zero-padded back to ``s``.
 
         The encoder cost follows the inputs' real length, not the padded width a caller chose to keep one
@@ -53,7 +59,7 @@ class T5Decoding:
         width would give, and the padded keys/values are never read.
         """
         s = encoder_input_tokens.shape[1]
-        widths = [w for w in self.encode_widths if w < s] + [s]
+        widths = run_time_widths(self.encode_widths, s)
         if len(widths) == 1:
             return t5.encode(self.config, params, encoder_input_tokens)
         tokens = jnp.asarray(encoder_input_tokens, jnp.int32)
