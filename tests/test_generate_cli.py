@@ -204,3 +204,35 @@ def test_drafting_flag_errors(tmp_path, checkpoints, capsys):
     assert main(base + ["--draft", "prompt-lookup", "--draft-confidence-threshold", "0.5"]) == 2
     assert "needs a draft model" in capsys.readouterr().err
     assert not (tmp_path / "o.txt").exists()
+
+
+def test_directory_paths_are_clear_errors(tmp_path, checkpoints, capsys):
+    """A directory as --input or --output, or an --output in a missing directory: one line naming the path
+    and what to pass instead (exit 2), not an IsADirectoryError traceback."""
+    target, draft, _ = checkpoints
+    src = tmp_path / "in.txt"
+    src.write_text("hi\n", encoding="utf-8")
+    base = ["generate", "--target", str(target), "--draft", str(draft), "--tokenizer", str(SPIECE)]
+    cases = [(["--input", str(tmp_path), "--output", str(tmp_path / "o.txt")], "is a directory"),
+             (["--input", str(src), "--output", str(tmp_path)], "is a directory; pass a file name"),
+             (["--input", str(src), "--output", str(tmp_path / "no" / "such" / "o.txt")], "does not exist")]
+    for args, message in cases:
+        assert main(base + args) == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_short_file_is_not_padded_to_the_batch_size(tmp_path, checkpoints, monkeypatch):
+    """Three lines with the default --batch-size 32 decode in one call of 3 rows, not 32."""
+    import specjax.decoding as decoding
+    shapes = []
+    real = decoding.speculative_sample
+
+    def recording(target, draft, x, **kwargs):
+        shapes.append(x.shape[0])
+        return real(target, draft, x, **kwargs)
+
+    monkeypatch.setattr(decoding, "speculative_sample", recording)
+    rc, out = _run(tmp_path, checkpoints, lines=LINES[:3])
+    assert rc == 0 and len(out.read_text(encoding="utf-8").splitlines()) == 3
+    assert shapes == [3]
