@@ -44,6 +44,8 @@ def run(args: argparse.Namespace) -> int:
           f"draft: {draft.config.name} ({draft.num_params / 1e6:.2f}M params, {args.draft}); "
           f"{len(lines)} lines of {origin}", file=sys.stderr)
     batches = bench.pad_batches([tokenizer.encode(l) for l in lines], batch_size=1)
+    print("compiling both decode programs first (once per input width; 20-60 s on a 2-core CPU, not counted "
+          "in the speedup)...", file=sys.stderr)
     with tqdm(total=len(batches), desc="speculative vs baseline", unit="line", file=sys.stderr) as bar:
         m = bench.measure_pair(target, draft, batches, gamma=args.gamma, temperature=args.temperature,
                                max_decode_length=args.max_decode_length, seed=args.seed,
