@@ -252,7 +252,8 @@ def run_row(target, draft, tokenizer, row: BenchRow, *, batch_sizes: Sequence[in
             rec = {
                 "task": row.task, "target": row.target, "draft": row.draft, "temperature": row.temperature,
                 "gamma": gamma, "verification": verification, "confidence_threshold": threshold,
-                "max_ngram": getattr(draft, "max_ngram", None) if draft_model is None else None, "batch_size": bs, "num_inputs": len(ids), "repeats": repeats,
+                "max_ngram": getattr(draft, "max_ngram", None) if draft_model is None else None,
+                "batch_size": bs, "num_inputs": len(ids), "repeats": repeats,
                 "max_decode_length": row.max_decode_length,
                 "alpha": alpha, "alpha_source": "loop" if alpha_loop is not None else "tokens_per_call",
                 "alpha_loop": alpha_loop, "alpha_from_tokens": alpha_tokens,
