@@ -24,7 +24,7 @@ PY=${PY:-python}
 NICE=(env --default-signal=INT nice -n 19)      # SIGINT stays deliverable under nohup: Ctrl-C/kill -INT saves state
 
 # Stage sizes and schedules (small_pair_TRAINING.md says why).
-TARGET_STEPS=${TARGET_STEPS:-3500}               # 12.0 epochs of Multi30k (292 batches of 2048 tokens each)
+TARGET_STEPS=${TARGET_STEPS:-2500}               # 8.6 epochs of Multi30k (292 batches of 2048 tokens each)
 DRAFT_REF_STEPS=${DRAFT_REF_STEPS:-3000}         # 10.3 epochs
 DRAFT_DISTILL_STEPS=${DRAFT_DISTILL_STEPS:-3000}
 
@@ -32,12 +32,34 @@ done_() { [ -f "$EXPORTS/$1/model.safetensors" ]; }
 want() { [[ " $STAGES " == *" $1 "* ]]; }
 log() { echo "[$(date '+%F %T')] $*"; }
 
+# The portable resume point of the target (committed between sessions: a machine and its $RUNS may not come
+# back): the bfloat16 parameters at some step, as a Hugging Face export, and that step in its STEP file.
+# Written by `bash benchmarks/train_small_pair.sh checkpoint` (stops the run with SIGINT, which saves
+# state.msgpack, then exports it); used when $RUNS/small_target/state.msgpack is absent.
+RESUME=${RESUME:-benchmarks/small_pair_resume/target}
+
+if [ "${1:-}" = checkpoint ]; then
+  pid=$(pgrep -f "specjax train --run-dir $RUNS/small_target " || true)
+  if [ -n "$pid" ]; then
+    kill -INT $pid; while kill -0 $pid 2>/dev/null; do sleep 2; done
+  fi
+  "$PY" benchmarks/export_run.py "$RUNS/small_target" "$RESUME" --vocab "$VOCAB"
+  log "checkpoint: $RESUME holds step $(cat "$RESUME/STEP")"
+  exit 0
+fi
+
 if want target; then
   if done_ target; then log "target: $EXPORTS/target exists, skipped"; else
+    resume=()
+    if [ ! -f "$RUNS/small_target/state.msgpack" ] && [ -f "$RESUME/STEP" ]; then
+      resume=(--init-from "$RESUME" --start-step "$(cat "$RESUME/STEP")")
+      log "target: no state.msgpack; continuing from the portable resume point (step $(cat "$RESUME/STEP"))"
+    fi
     log "target: training (resumes from $RUNS/small_target)"
     "${NICE[@]}" "$SPECJAX" train --run-dir "$RUNS/small_target" --model small-target --vocab "$VOCAB" \
-      --steps "$TARGET_STEPS" --tokens-per-batch 2048 --learning-rate 5e-4 --warmup-steps 500 --seed 0 \
-      --dropout 0.1 --snapshot-every 250 --save-every 50 --export "$EXPORTS/target" --export-dtype bfloat16
+      --steps "$TARGET_STEPS" --tokens-per-batch 2048 --learning-rate 5e-4 --warmup-steps 300 --seed 0 \
+      --dropout 0.1 --compute-dtype bfloat16 --snapshot-every 250 --save-every 50 "${resume[@]}" \
+      --export "$EXPORTS/target" --export-dtype bfloat16
   fi
 fi
 

@@ -189,3 +189,46 @@ def test_sigterm_keeps_the_trained_steps(tmp_path, data_dir):
     assert proc.returncode != 0 and "Traceback" not in err, err
     state = serialization.msgpack_restore((run / "state.msgpack").read_bytes())
     assert int(state["step"]) >= 1
+
+
+def test_resume_from_parameters_alone_continues_the_schedule_with_a_rewarm(tmp_path, data_dir):
+    """The portable resume point (``--init-from CKPT --start-step N``: parameters only, fresh Adam moments):
+    the run continues at step N of the learning-rate schedule, and its first update is scaled by
+    1/REWARM_STEPS. Adam's first step moves every coordinate with a non-zero gradient by exactly the learning
+    rate (|m̂/√v̂| = 1), so the largest change after one resumed step must be lr(N)/REWARM_STEPS (plus the
+    decoupled weight decay), not lr(N). Also runs that step with bfloat16 activations (--compute-dtype)."""
+    import jax
+    import optax
+
+    from specjax.checkpoints import save_checkpoint
+    from specjax.config import T5Config
+    from specjax.models.t5 import T5Model
+
+    sched_args = ("--warmup-steps", "1", "--learning-rate", "1e-3")
+    a = _run(tmp_path, "a", 2, data_dir, sched_args)
+    config = T5Config(**json.loads((tmp_path / "a" / "config.json").read_text())["model"])
+    save_checkpoint(T5Model(config, jax.tree_util.tree_map(np.asarray, a["params"])), tmp_path / "p",
+                    format="hf")
+    b = _run(tmp_path, "b", 3, data_dir, (*sched_args, "--init-from", str(tmp_path / "p"), "--start-step", "2",
+                                          "--compute-dtype", "bfloat16"))
+    assert int(b["step"]) == 3
+    counts = [int(x) for x in jax.tree_util.tree_leaves(b["opt_state"]) if np.ndim(x) == 0]
+    assert sorted(counts) == [1, 3]  # Adam's own count started again; the schedule's continued from 2
+    lr = float(optax.warmup_cosine_decay_schedule(0.0, 1e-3, 1, 3, end_value=1e-4)(2))
+    wd = tr.TrainConfig().weight_decay
+    deltas, bounds = [], []
+    for w0, w1 in zip(jax_leaves(a["params"]), jax_leaves(b["params"])):
+        deltas.append(np.abs(np.asarray(w1, np.float64) - w0).max())
+        wmax = np.float32(np.abs(w0).max())  # float32 parameters: w1 - w0 is exact only to 2 ulps of |w|
+        bounds.append((lr / tr.REWARM_STEPS) * (1 + wd * wmax) * 1.001 + 2 * np.spacing(wmax))
+    assert all(d <= bd for d, bd in zip(deltas, bounds)), (deltas, bounds)
+    assert max(deltas) >= 0.5 * lr / tr.REWARM_STEPS  # it did move, by about lr/REWARM_STEPS
+    assert json.loads((tmp_path / "b" / "rewarm.json").read_text()) == {"rewarm_from": 2}
+
+
+def test_start_step_needs_init_from(tmp_path, data_dir):
+    d = data_dir / "train" / "multi30k"
+    with pytest.raises(ValueError, match="--init-from"):
+        main(["train", "--run-dir", str(tmp_path / "r"), "--model", "draft", "--source", str(d / "train.en"),
+              "--target-text", str(d / "train.de"), "--vocab-size", "500", "--max-examples", "600",
+              "--tokens-per-batch", "256", "--steps", "4", "--start-step", "2"])

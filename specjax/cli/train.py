@@ -49,6 +49,13 @@ def add_parser(sub) -> None:
                    help="also keep the weights every N steps as RUN_DIR/snapshots/step_N.msgpack (0: never)")
     p.add_argument("--save-every", type=int, default=250,
                    help="write the resume point RUN_DIR/state.msgpack every N steps (also on Ctrl-C and SIGTERM)")
+    p.add_argument("--compute-dtype", default=None, choices=["float32", "bfloat16"],
+                   help="dtype of activations and matmuls in the training step (default: the model's, float32); "
+                        "parameters and optimizer state stay float32 and the saved config is unchanged")
+    p.add_argument("--start-step", type=int, default=0,
+                   help="with --init-from: continue a run from its parameters alone at this step (schedule and "
+                        "data order), fresh optimizer moments with a 50-step re-warmup; for a run whose "
+                        "state.msgpack was lost. Ignored when RUN_DIR/state.msgpack exists")
     p.add_argument("--export", help="write the trained model here as a Hugging Face safetensors directory")
     p.add_argument("--export-dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     p.set_defaults(func=run)
@@ -185,7 +192,7 @@ def _run(args: argparse.Namespace) -> int:
     tc = tr.TrainConfig(objective=args.objective, num_steps=args.steps, tokens_per_batch=args.tokens_per_batch,
                         learning_rate=args.learning_rate, warmup_steps=args.warmup_steps, seed=args.seed,
                         dropout_rate=args.dropout, snapshot_every=args.snapshot_every,
-                        save_every=args.save_every)
+                        save_every=args.save_every, compute_dtype=args.compute_dtype)
     init = None
     if args.init_from:
         from specjax.checkpoints import load_checkpoint
@@ -198,7 +205,7 @@ def _run(args: argparse.Namespace) -> int:
 
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        model = tr.train(config, tc, src, tgt, run_dir, teacher=teacher, init=init)
+        model = tr.train(config, tc, src, tgt, run_dir, teacher=teacher, init=init, start_step=args.start_step)
     finally:
         signal.signal(signal.SIGTERM, previous)
     print(json.dumps({"run_dir": str(run_dir), "params": model.num_params, "steps": tc.num_steps}))
