@@ -1,48 +1,81 @@
-"""The embedded default draft/target pair: English→German T5 1.1 models trained here on Multi30k.
+"""The embedded default draft/target pairs: English→German T5 1.1 models trained here on Multi30k.
 
-The checkpoints ship inside the package (``specjax/assets/default_pair``) as Hugging Face safetensors
-directories in bfloat16, with their SentencePiece vocabulary, so a new user needs no download.
-How they were made: ``specjax/assets/default_pair/TRAINING.md``.
+Two sizes, each a target with two drafts, sharing one 8000-piece SentencePiece vocabulary:
+
+- "mini" (``specjax/assets/default_pair``): target 13.5M parameters (d_model 256, 4+4 layers), drafts
+  1.45M. Its float32 decoder (28 MB) fits this CPU class's L3 cache, so speculation wins little on a CPU;
+  the tests use it because it is fast.
+- "small" (``specjax/assets/small_pair``, issue 12): target 46.0M parameters (d_model 512, 8 heads, MLP
+  1024, 6+6 layers: T5 1.1 small's shape with an 8k vocabulary; 99.6 MiB float32 decoder), drafts 4.94M
+  (d_model 128, 6+4 layers, 1/10.4 of the target's per-token multiply-adds). The paper's regime on a laptop.
+
+The checkpoints ship inside the package as Hugging Face safetensors directories in bfloat16, with their
+vocabulary, so a new user needs no download. How they were made: ``TRAINING.md`` beside each.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["ASSETS", "DEFAULT_PAIR", "load_default_pair", "demo_sentences"]
+__all__ = ["ASSETS", "DEFAULT_PAIR", "PAIRS", "default_size", "load_default_pair", "demo_sentences"]
 
 ASSETS = Path(__file__).parent / "assets"
-DEFAULT_PAIR = ASSETS / "default_pair"
+PAIRS = {"mini": ASSETS / "default_pair", "small": ASSETS / "small_pair"}
+DEFAULT_PAIR = PAIRS["mini"]
 DRAFTS = ("distilled", "reference")
 
 
-def load_default_pair(draft: str = "distilled", dtype: str = "float32"):
-    """Loads the shipped English→German pair.
+def _shipped(size: str) -> bool:
+    pair = PAIRS[size]
+    return all((pair / name).exists() for name in ("target", *(f"draft_{d}" for d in DRAFTS), "spiece.model"))
+
+
+def default_size() -> str:
+    """The pair ``specjax demo``, ``translate`` and ``generate`` use without ``--size``: "small" where this
+    installation ships it, else "mini"."""
+    return "small" if _shipped("small") else "mini"
+
+
+def load_default_pair(draft: str = "distilled", dtype: str = "float32", size: str | None = None):
+    """Loads a shipped English→German pair.
 
     Args:
       draft: "distilled" (DistillSpec draft, trained on the target's outputs and distributions; the
         default) or "reference" (the same draft architecture trained on references only).
       dtype: compute and parameter dtype to cast to ("float32" is fastest on CPU; the files are bfloat16).
+      size: "mini" (target 13.5M parameters, drafts 1.45M) or "small" (target 46.0M, drafts 4.94M);
+        None: ``default_size()``.
     Returns:
       (target ``T5Model``, draft ``T5Model``, ``Tokenizer``). Both models read raw English sentences
       (no task prefix); the vocabulary is the shipped ``spiece.model`` (8000 pieces, pad 0, eos 1, unk 2).
     Raises:
-      ValueError: unknown draft name. FileNotFoundError: the package was installed without its assets.
+      ValueError: unknown draft or size name. FileNotFoundError: the package was installed without its
+        assets, or the "small" pair is not in this version (its training spans sessions; see
+        ``specjax/assets/small_pair_TRAINING.md``).
     """
     from specjax.checkpoints import load_checkpoint
     from specjax.tokenizer import Tokenizer
 
     if draft not in DRAFTS:
         raise ValueError(f"draft must be one of {DRAFTS}, got {draft!r}.")
-    target_dir, draft_dir = DEFAULT_PAIR / "target", DEFAULT_PAIR / f"draft_{draft}"
-    for path in (target_dir, draft_dir, DEFAULT_PAIR / "spiece.model"):
+    size = default_size() if size is None else size
+    if size not in PAIRS:
+        raise ValueError(f"size must be one of {tuple(PAIRS)}, got {size!r}.")
+    pair = PAIRS[size]
+    if size == "small" and not _shipped("small"):
+        raise FileNotFoundError(
+            f"The 'small' pair is not shipped in this version of specjax ({pair} is incomplete: its training "
+            "spans several sessions; specjax/assets/small_pair_TRAINING.md says where it stands). Use "
+            "size='mini' (--size mini), or pass --target/--draft checkpoints.")
+    target_dir, draft_dir = pair / "target", pair / f"draft_{draft}"
+    for path in (target_dir, draft_dir, pair / "spiece.model"):
         if not path.exists():
             raise FileNotFoundError(
-                f"The default pair is missing {path}. Reinstall specjax (`pip install -e .` from a full "
+                f"The {size!r} pair is missing {path}. Reinstall specjax (`pip install -e .` from a full "
                 "checkout) or pass --target/--draft checkpoints explicitly.")
     target = load_checkpoint(target_dir, dtype=dtype)
     draft_model = load_checkpoint(draft_dir, dtype=dtype)
-    tokenizer = Tokenizer(str(DEFAULT_PAIR / "spiece.model"), extra_ids=0)
+    tokenizer = Tokenizer(str(pair / "spiece.model"), extra_ids=0)
     return target, draft_model, tokenizer
 
 

@@ -23,7 +23,7 @@ def per_token_decode_macs(config) -> int:
 
 @pytest.fixture(scope="module", params=["distilled", "reference"])
 def pair(request):
-    return load_default_pair(request.param)
+    return load_default_pair(request.param, size="mini")
 
 
 def test_shipped_files_and_sizes(pair):
@@ -80,14 +80,14 @@ def test_readme_python_example_runs():
 def test_translate_command_refuses_empty_text(capsys):
     from specjax.cli import main
 
-    assert main(["translate", "A dog runs.", "  "]) == 2
+    assert main(["translate", "--size", "mini", "A dog runs.", "  "]) == 2
     assert "argument 2 is empty" in capsys.readouterr().err
 
 
 def test_demo_runs_on_real_lines(capsys, data_dir):
     from specjax.cli import main
 
-    assert main(["demo", "--num-lines", "3", "--gamma", "3"]) == 0
+    assert main(["demo", "--size", "mini", "--num-lines", "3", "--gamma", "3"]) == 0
     out = capsys.readouterr().out
     assert "acceptance rate" in out and "tokens per target call" in out and "speedup" in out
     assert "greedy outputs identical to the target alone: True" in out
@@ -103,7 +103,7 @@ def test_alpha_agrees_with_the_accepted_tokens_per_call_at_gamma_one(temperature
     tokens per call by ~0.05 on these short lines). At temperature 0, β is 1 exactly where the argmaxes agree,
     so both are the same count; at temperature 1 the acceptance indicator has mean β at each verified
     position: over ~600 verified positions the standard error is ~0.02, and 0.05 is 2.5 of them."""
-    target, draft, tok = load_default_pair("distilled")
+    target, draft, tok = load_default_pair("distilled", size="mini")
     lines = (data_dir / "train" / "multi30k" / "test_2016_flickr.en").read_text().splitlines()[:64]
     width = 48
     alpha_sum = verified = accepted = calls = 0.0
@@ -123,3 +123,23 @@ def test_alpha_agrees_with_the_accepted_tokens_per_call_at_gamma_one(temperature
     assert abs(alpha - inverted) < 0.05, (alpha, inverted)
     if temperature == 0.0:
         assert abs(alpha - accepted / verified) < 1e-6
+
+
+def test_sizes_and_the_default_size():
+    """``load_default_pair(size=...)``: "mini" is the 13.5M/1.45M pair; "small" is the 46.0M/4.94M pair where
+    shipped, else a FileNotFoundError that names the way out; the CLI default follows what is shipped."""
+    from specjax import defaults
+
+    target, draft, _ = load_default_pair(size="mini")
+    assert (round(target.num_params / 1e6, 1), round(draft.num_params / 1e6, 2)) == (13.5, 1.45)
+    with pytest.raises(ValueError, match="size must be one of"):
+        load_default_pair(size="large")
+    if defaults._shipped("small"):
+        assert defaults.default_size() == "small"
+        target, draft, _ = load_default_pair(size="small")
+        assert (round(target.num_params / 1e6, 1), round(draft.num_params / 1e6, 2)) == (46.0, 4.94)
+        assert per_token_decode_macs(target.config) >= 10 * per_token_decode_macs(draft.config)
+    else:
+        assert defaults.default_size() == "mini"
+        with pytest.raises(FileNotFoundError, match="size='mini'"):
+            load_default_pair(size="small")

@@ -99,7 +99,7 @@ def test_checkpoint_folder_vocabulary_is_used_before_t5s(tmp_path, capsys):
 
     import specjax
     from specjax.defaults import DEFAULT_PAIR
-    target, _, tok = specjax.load_default_pair()
+    target, _, tok = specjax.load_default_pair(size="mini")
     root = tmp_path / "pair"
     for name in ("target", "draft_distilled"):
         shutil.copytree(DEFAULT_PAIR / name, root / name)
@@ -159,9 +159,9 @@ def test_demo_refuses_bad_flags_before_loading_models(monkeypatch, capsys):
 
 
 def test_translate_has_truncate(capsys):
-    assert main(["translate", "--max-input-length", "3", "--truncate", "--max-decode-length", "4",
+    assert main(["translate", "--size", "mini", "--max-input-length", "3", "--truncate", "--max-decode-length", "4",
                  "A man is riding a bicycle down the street."]) == 0
-    assert main(["translate", "--max-input-length", "3", "--max-decode-length", "4",
+    assert main(["translate", "--size", "mini", "--max-input-length", "3", "--max-decode-length", "4",
                  "A man is riding a bicycle down the street."]) == 2
     assert "--truncate" in capsys.readouterr().err
 

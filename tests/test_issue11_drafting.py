@@ -311,7 +311,7 @@ def test_greedy_identity_on_random_models(path):
 
 @pytest.fixture(scope="module")
 def shipped():
-    return specjax.load_default_pair()
+    return specjax.load_default_pair(size="mini")
 
 
 @pytest.mark.slow

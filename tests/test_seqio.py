@@ -141,7 +141,7 @@ def tasks_module(tmp_path_factory, data_dir):
 @pytest.fixture(scope="module")
 def pair():
     import specjax
-    return specjax.load_default_pair()
+    return specjax.load_default_pair(size="mini")
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +150,7 @@ def plain_generate(tmp_path_factory, data_dir):
     d = tmp_path_factory.mktemp("plain")
     lines = (data_dir / "train" / "multi30k" / "test_2016_flickr.en").read_text().splitlines()[:N_LINES]
     (d / "in.en").write_text("\n".join(lines) + "\n")
-    assert main(["generate", "--input", str(d / "in.en"), "--output", str(d / "out.de"), "--batch-size", "4",
+    assert main(["generate", "--size", "mini", "--input", str(d / "in.en"), "--output", str(d / "out.de"), "--batch-size", "4",
                  "--max-decode-length", "24", "--gamma", "3", "--temperature", "1", "--seed", "3"]) == 0
     return (d / "out.de").read_text().splitlines()
 
@@ -179,8 +179,8 @@ def test_generate_seqio_task_cli_and_resume(tasks_module, pair, tmp_path, capsys
     ref = specjax.seqio_decode(TASK, "test", target, draft, tokenizer=tok, batch_size=4, max_decode_length=24,
                                gamma=3, temperature=0.0, compare_baseline=False)
     out = tmp_path / "pred.de"
-    argv = ["generate", "--seqio-task", TASK, "--seqio-module", str(tasks_module), "--split", "test",
-            "--output", str(out), "--batch-size", "4", "--max-decode-length", "24", "--gamma", "3"]
+    argv = ["generate", "--size", "mini", "--seqio-task", TASK, "--seqio-module", str(tasks_module),
+            "--split", "test", "--output", str(out), "--batch-size", "4", "--max-decode-length", "24", "--gamma", "3"]
     capsys.readouterr()
     assert main(argv) == 0
     printed = capsys.readouterr().out

@@ -33,7 +33,8 @@ class BenchRow:
       task: task name as printed ("EnDe", "CNNDM", "multi30k" …).
       target, draft: model names as printed (keys of the experiment's ``models``).
       target_path, draft_path: checkpoint paths (local, ``gs://``) or ``default:target``,
-        ``default:distilled``, ``default:reference`` for the shipped pair.
+        ``default:distilled``, ``default:reference`` for the shipped pair of the default size, or
+        ``default:mini:target``, ``default:small:distilled``, ... for a named size.
       temperature: sampling temperature (0 = greedy).
       gammas: γ values (each a table row).
       input: text file, one input per line.

@@ -36,6 +36,14 @@ def add_decoding_args(p: argparse.ArgumentParser, *, gamma: int, max_decode_leng
                    help="with --draft prompt-lookup: the longest n-gram matched (default 3)")
 
 
+def add_size_arg(p: argparse.ArgumentParser) -> None:
+    """``--size mini|small``: which shipped pair (``specjax.load_default_pair(size=...)``) a subcommand uses
+    without --target/--draft; default: "small" where this installation ships it, else "mini"."""
+    p.add_argument("--size", choices=["mini", "small"], default=None,
+                   help="shipped pair without --target/--draft: mini (13.5M-parameter target) or small (46.0M); "
+                        "default: small where shipped, else mini")
+
+
 def draft_source(args, draft):
     """The draft the flags ask for: ``specjax.PromptLookupDraft(max_ngram=--max-ngram)`` when ``--draft
     prompt-lookup`` was given (no draft model), else the loaded draft model unchanged."""

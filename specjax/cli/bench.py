@@ -21,6 +21,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from specjax.cli import add_size_arg
+
 _LOOKUP = "prompt-lookup"  # specjax.bench.PROMPT_LOOKUP, spelled here so --help imports nothing heavy
 
 
@@ -72,6 +74,7 @@ def add_parser(sub) -> None:
     sweep.add_argument("--max-input-length", type=int, help="inputs truncated to this many tokens (default 512)")
     sweep.add_argument("--repeats", type=int, default=1, help="passes over the inputs per measurement (default 1)")
     sweep.add_argument("--seed", type=int, default=0)
+    add_size_arg(sweep)
     sweep.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                        help="compute dtype (float32 on CPU; bfloat16 on TPU as the paper)")
     sweep.add_argument("--cost-steps", type=int, default=32, help="decode calls per timing loop for c")
@@ -145,7 +148,7 @@ def _rows(args):
             task=args.task_name or ("multi30k" if not args.input else os.path.splitext(os.path.basename(inp))[0]),
             target="target" if args.target else "default target",
             draft=_LOOKUP if lookup else ("draft" if args.draft else "distilled"),
-            target_path=args.target or "default:target", draft_path=args.draft or "default:distilled",
+            target_path=args.target or _default(args, "target"), draft_path=args.draft or _default(args, "distilled"),
             temperature=float(t), gammas=tuple(args.gammas or (1, 2, 3, 4, 5)), input=inp, references=refs,
             metric=metric, tokenizer=args.tokenizer or ("default" if not args.target else ""),
             num_inputs=args.num_inputs or 32, max_decode_length=args.max_decode_length or 64,
@@ -224,6 +227,11 @@ def _draft(loader, row):
                         None if lookup else loader.model(row.draft_path))
 
 
+def _default(args, kind: str) -> str:
+    """The bench path of a shipped model: ``default:KIND``, or ``default:SIZE:KIND`` with --size."""
+    return f"default:{args.size}:{kind}" if args.size else f"default:{kind}"
+
+
 class _Loader:
     """Loads each checkpoint and tokenizer once per run."""
 
@@ -235,8 +243,9 @@ class _Loader:
             if path.startswith("default:"):
                 from specjax.defaults import load_default_pair
 
-                kind = path.split(":", 1)[1]
-                target, draft, _ = load_default_pair("distilled" if kind == "target" else kind, dtype=self.dtype)
+                *size, kind = path.split(":")[1:]  # default:KIND (the default size) or default:SIZE:KIND
+                target, draft, _ = load_default_pair("distilled" if kind == "target" else kind, dtype=self.dtype,
+                                                     size=size[0] if size else None)
                 self.models[path] = target if kind == "target" else draft
             else:
                 from specjax.checkpoints import load_checkpoint

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from specjax.cli import add_size_arg
+
 
 def add_parser(sub) -> None:
     """Registers ``specjax demo``."""
@@ -20,6 +22,7 @@ def add_parser(sub) -> None:
                    help="draft tokens per target call (default 3, the fastest measured on a 2-core CPU)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--draft", default="distilled", choices=["distilled", "reference"])
+    add_size_arg(p)
     p.add_argument("--max-decode-length", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=run)
@@ -38,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     from specjax import bench
     from specjax.defaults import demo_sentences, load_default_pair
 
-    target, draft, tokenizer = load_default_pair(args.draft)
+    target, draft, tokenizer = load_default_pair(args.draft, size=args.size)
     lines, origin = demo_sentences(args.num_lines)
     print(f"target: {target.config.name} ({target.num_params / 1e6:.1f}M params), "
           f"draft: {draft.config.name} ({draft.num_params / 1e6:.2f}M params, {args.draft}); "

@@ -20,7 +20,7 @@ import os
 import sys
 import time
 
-from specjax.cli import add_decoding_args
+from specjax.cli import add_decoding_args, add_size_arg
 
 DEFAULT_TOKENIZER = os.path.join("..", "shared", "data", "tokenizer", "t5", "spiece.model")
 
@@ -45,6 +45,7 @@ def add_parser(sub) -> None:
     p.add_argument("--prefix", default="", help='task prefix, e.g. "translate English to German: "')
     add_decoding_args(p, gamma=5, max_decode_length=128,
                       seed_help="PRNG seed (line i uses fold_in(seed key, i))")
+    add_size_arg(p)
     p.add_argument("--batch-size", type=int, default=32, help="rows per decode call (default 32)")
     p.add_argument("--max-input-length", type=int, default=512, help="most input tokens per line (with EOS)")
     p.add_argument("--truncate", action="store_true", help="cut longer inputs instead of failing")
@@ -101,6 +102,8 @@ def _load(args):
         raise ValueError("No default model pair is available in this installation; pass --target and --draft "
                          f"checkpoints (and --tokenizer). ({e})") from e
     kwargs = {"dtype": args.dtype} if args.dtype else {}
+    if args.size:
+        kwargs["size"] = args.size
     target, draft, tokenizer = load_default_pair(**kwargs)
     if args.tokenizer:
         tokenizer = Tokenizer(args.tokenizer)

@@ -60,7 +60,8 @@ def _load(args):
         tokenizer = Tokenizer(args.tokenizer) if args.tokenizer else None
         return load_checkpoint(args.target, dtype=args.dtype), load_checkpoint(args.draft, dtype=args.dtype), \
             tokenizer
-    target, draft, tokenizer = load_default_pair(**({"dtype": args.dtype} if args.dtype else {}))
+    target, draft, tokenizer = load_default_pair(**({"dtype": args.dtype} if args.dtype else {}),
+                                                 size=getattr(args, "size", None))
     if args.tokenizer:
         tokenizer = Tokenizer(args.tokenizer)
     return target, draft, tokenizer

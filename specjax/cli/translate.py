@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from specjax.cli import add_decoding_args
+from specjax.cli import add_decoding_args, add_size_arg
 
 
 def add_parser(sub) -> None:
@@ -19,6 +19,7 @@ def add_parser(sub) -> None:
     p.add_argument("--tokenizer", help="SentencePiece model for --target/--draft checkpoints")
     p.add_argument("--prefix", default="", help='task prefix, e.g. "translate English to German: "')
     add_decoding_args(p, gamma=3, max_decode_length=64)
+    add_size_arg(p)
     p.add_argument("--max-input-length", type=int, default=512, help="input tokens at most (default 512)")
     p.add_argument("--truncate", action="store_true",
                    help="cut longer inputs to --max-input-length tokens (ending in EOS) instead of refusing them")
@@ -52,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         from specjax.defaults import load_default_pair
 
-        target, draft, tokenizer = load_default_pair()
+        target, draft, tokenizer = load_default_pair(size=args.size)
     rows = [tokenizer.encode(args.prefix + t) for t in args.text]
     (x,) = inputs.batches(rows, batch_size=len(rows))
     from specjax.cli import draft_source, speculative_kwargs
