@@ -226,9 +226,10 @@ def test_resume_from_parameters_alone_continues_the_schedule_with_a_rewarm(tmp_p
     assert json.loads((tmp_path / "b" / "rewarm.json").read_text()) == {"rewarm_from": 2}
 
 
-def test_start_step_needs_init_from(tmp_path, data_dir):
-    d = data_dir / "train" / "multi30k"
+def test_start_step_needs_init_from(tmp_path):
+    from specjax.cli.train import _model_sizes
+
+    src = tgt = [np.arange(2, 12, dtype=np.int32)] * 40
     with pytest.raises(ValueError, match="--init-from"):
-        main(["train", "--run-dir", str(tmp_path / "r"), "--model", "draft", "--source", str(d / "train.en"),
-              "--target-text", str(d / "train.de"), "--vocab-size", "500", "--max-examples", "600",
-              "--tokens-per-batch", "256", "--steps", "4", "--start-step", "2"])
+        tr.train(_model_sizes()["draft"], tr.TrainConfig(num_steps=4, tokens_per_batch=256), src, tgt,
+                 tmp_path / "r", start_step=2, progress=False)
