@@ -41,7 +41,7 @@ from specjax.models.t5 import T5Model
 
 __all__ = [
     "TrainConfig", "train_sentencepiece", "read_parallel", "tokenize_pairs", "batches", "train",
-    "shift_right", "cross_entropy_loss", "distill_loss",
+    "shift_right", "cross_entropy_loss", "distill_loss", "teacher_outputs", "teacher_log_probs",
 ]
 
 BUCKETS = (16, 24, 32, 48, 64)  # padded lengths (tokens); a pair goes to the first bucket >= both sides
@@ -72,6 +72,11 @@ class TrainConfig:
         state stay in the config's ``param_dtype``, and the saved model config is unchanged, as in t5x's
         bfloat16-activation training. bfloat16 measured 0.84x the float32 step time for the small target
         on this 2-core CPU (benchmarks/small_pair_probe.py).
+      cache_teacher: with "distill", compute the teacher's log-probabilities at every target position of
+        every pair once (``teacher_log_probs``: float16 on disk in the run directory) instead of running the
+        teacher's forward pass in every step. The teacher is deterministic (no dropout), so this is the same
+        objective up to float16 rounding of the log-probabilities, at the cost of one forward pass over the
+        data and ``8 KB × vocab/4000`` of disk per target token (Multi30k, 8k vocabulary: ~7 GB).
     """
     objective: str = "reference"
     num_steps: int = 3000
@@ -86,6 +91,7 @@ class TrainConfig:
     distill_alpha: float = 1.0
     dropout_rate: float = 0.0
     compute_dtype: str | None = None
+    cache_teacher: bool = True
 
     def __post_init__(self):
         if self.compute_dtype not in (None, "float32", "bfloat16"):
@@ -231,7 +237,10 @@ def _optimizer(tc: TrainConfig) -> optax.GradientTransformation:
 
 def _make_step(config: T5Config, opt, objective: str, alpha: float, teacher_config: T5Config | None,
                dropout_rate: float = 0.0, seed: int = 0, compute_dtype: str | None = None):
-    """The jitted training step ``(params, opt_state, enc, dec, teacher_params, step, update_scale)``.
+    """The jitted training step ``(params, opt_state, enc, dec, teacher, step, update_scale)``.
+
+    ``teacher`` (with objective "distill"): the teacher's parameters when ``teacher_config`` is given, else
+    the teacher's cached log-probabilities for this batch, float16[b, L, vocab] (``teacher_log_probs``).
 
     ``update_scale`` (float32 scalar) multiplies the optimizer's updates: 1 except during the re-warmup
     after a resume from parameters alone (``train(start_step=...)``). Dropout masks come from the "rbg"
@@ -245,7 +254,10 @@ def _make_step(config: T5Config, opt, objective: str, alpha: float, teacher_conf
         logits = t5.logits(config, params, enc, shift_right(dec), dropout_rate=dropout_rate, dropout_rng=rng)
         ce, count = cross_entropy_loss(logits, dec)
         if objective == "distill":
-            teacher = jax.lax.stop_gradient(t5.logits(teacher_config, teacher_params, enc, shift_right(dec)))
+            if teacher_config is None:  # cached log-probabilities (log_softmax renormalises their rounding)
+                teacher = teacher_params.astype(jnp.float32)
+            else:
+                teacher = jax.lax.stop_gradient(t5.logits(teacher_config, teacher_params, enc, shift_right(dec)))
             kl = distill_loss(logits, teacher, dec)
             return alpha * kl + (1 - alpha) * ce, (ce, kl, count)
         return ce, (ce, jnp.zeros(()), count)
@@ -358,10 +370,14 @@ def train(config: T5Config, tc: TrainConfig, src: Sequence[np.ndarray], tgt: Seq
         opt_state = _at_schedule_step(opt_state, start_step)
         (run / "rewarm.json").write_text(json.dumps({"rewarm_from": start_step}))
     params = jax.tree_util.tree_map(jnp.array, params)  # own copies: the step donates its inputs
-    teacher_params = teacher.params if teacher is not None else None
+    cached = None
+    if tc.objective == "distill" and tc.cache_teacher:
+        cached = teacher_log_probs(teacher, src, tgt, run / "teacher_logprobs.f16",
+                                   tokens_per_batch=tc.tokens_per_batch, progress=progress)
+    teacher_params = teacher.params if teacher is not None and cached is None else None
     train_step = _make_step(config, opt, tc.objective, tc.distill_alpha,
-                            teacher.config if teacher is not None else None, tc.dropout_rate, tc.seed,
-                            tc.compute_dtype)
+                            teacher.config if teacher is not None and cached is None else None, tc.dropout_rate,
+                            tc.seed, tc.compute_dtype)
 
     if not batches(src, tgt, tc.tokens_per_batch, tc.seed, 0):
         raise ValueError(f"{len(src)} pairs do not fill one batch of {tc.tokens_per_batch} tokens in any length "
@@ -385,7 +401,9 @@ def train(config: T5Config, tc: TrainConfig, src: Sequence[np.ndarray], tgt: Seq
     data = stream()
     try:
         while step < tc.num_steps:
-            epoch, (enc, dec, _) = next(data)
+            epoch, (enc, dec, sel) = next(data)
+            if cached is not None:
+                teacher_params = _gather_log_probs(*cached, sel, dec.shape)
             scale = 1.0 if rewarm_from is None else min(1.0, (step - rewarm_from + 1) / REWARM_STEPS)
             params, opt_state, m = train_step(params, opt_state, enc, dec, teacher_params, np.int32(step),
                                               np.float32(scale))
@@ -418,6 +436,72 @@ def train(config: T5Config, tc: TrainConfig, src: Sequence[np.ndarray], tgt: Seq
         bar.close()
         log.close()
     return T5Model(config, params)
+
+
+def teacher_log_probs(teacher: T5Model, src: Sequence[np.ndarray], tgt: Sequence[np.ndarray],
+                      path: str | os.PathLike, *, tokens_per_batch: int = 2048,
+                      progress: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """The teacher's next-token log-probabilities at every target position of every pair, computed once.
+
+    DistillSpec's forward KL (Zhou et al. 2023, section 3) needs the teacher's distribution at each position
+    of each training target; the teacher is fixed and runs without dropout, so these are the same in every
+    epoch and are computed in one forward pass over the data (pairs grouped by ``BUCKETS`` length, fixed
+    batch shapes) and kept on disk.
+
+    Args:
+      teacher: the target model (its vocabulary is the student's).
+      src, tgt: tokenized pairs (int32 arrays, EOS included), as given to ``train``.
+      path: the float16 file, [sum of len(tgt[i]), vocab] row-major; ``path + ".index.npy"`` holds the
+        int64 row offsets of each pair (len(tgt) + 1). A file whose offsets match is reused (resumable);
+        a partial one (``.tmp``) is computed again.
+    Returns:
+      (log-probabilities float16 memmap [tokens, vocab], offsets int64 [len(tgt) + 1]); pair i's rows are
+      ``offsets[i]:offsets[i + 1]``, position t holding log p(tgt[i][t] | src[i], tgt[i][:t]).
+    """
+    from tqdm.auto import tqdm
+
+    path = Path(path)
+    index = Path(str(path) + ".index.npy")
+    offsets = np.concatenate([[0], np.cumsum([len(t) for t in tgt])]).astype(np.int64)
+    shape = (int(offsets[-1]), teacher.config.vocab_size)
+    if path.exists() and index.exists() and np.array_equal(np.load(index), offsets):
+        return np.memmap(path, np.float16, "r", shape=shape), offsets
+    config = teacher.config
+
+    @jax.jit
+    def forward(params, enc, dec):
+        return jax.nn.log_softmax(t5.logits(config, params, enc, shift_right(dec)).astype(jnp.float32),
+                                  axis=-1).astype(jnp.float16)
+
+    by_bucket: dict[int, list[int]] = {}
+    for i, (s, t) in enumerate(zip(src, tgt)):
+        by_bucket.setdefault(_bucket(max(len(s), len(t))), []).append(i)
+    chunks = [(length, idx[k:k + tokens_per_batch // length]) for length, idx in sorted(by_bucket.items())
+              for k in range(0, len(idx), tokens_per_batch // length)]
+    tmp = path.with_name(path.name + ".tmp")
+    out = np.memmap(tmp, np.float16, "w+", shape=shape)
+    for length, sel in tqdm(chunks, desc="teacher log-probabilities", unit="batch", disable=not progress):
+        rows = tokens_per_batch // length  # every batch of a bucket has one shape; the last is padded
+        enc = np.zeros((rows, length), np.int32)
+        dec = np.zeros((rows, length), np.int32)
+        for r, i in enumerate(sel):
+            enc[r, :len(src[i])], dec[r, :len(tgt[i])] = src[i], tgt[i]
+        logp = np.asarray(forward(teacher.params, enc, dec))
+        for r, i in enumerate(sel):
+            out[offsets[i]:offsets[i + 1]] = logp[r, :len(tgt[i])]
+    out.flush()
+    del out
+    os.replace(tmp, path)
+    np.save(index, offsets)
+    return np.memmap(path, np.float16, "r", shape=shape), offsets
+
+
+def _gather_log_probs(log_probs: np.ndarray, offsets: np.ndarray, sel: np.ndarray, shape) -> np.ndarray:
+    """One batch's cached teacher log-probabilities, float16[b, L, vocab], zero past each target."""
+    out = np.zeros((*shape, log_probs.shape[1]), np.float16)
+    for r, i in enumerate(sel):
+        out[r, :offsets[i + 1] - offsets[i]] = log_probs[offsets[i]:offsets[i + 1]]
+    return out
 
 
 def teacher_outputs(teacher: T5Model, src: Sequence[np.ndarray], *, batch_size: int = 128,

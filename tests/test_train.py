@@ -233,3 +233,38 @@ def test_start_step_needs_init_from(tmp_path):
     with pytest.raises(ValueError, match="--init-from"):
         tr.train(_model_sizes()["draft"], tr.TrainConfig(num_steps=4, tokens_per_batch=256), src, tgt,
                  tmp_path / "r", start_step=2, progress=False)
+
+
+def test_cached_teacher_log_probs_equal_the_teachers_own_and_the_same_distill_loss(tmp_path):
+    """``teacher_log_probs`` (DistillSpec's teacher distributions, computed once): each pair's rows equal the
+    teacher's log_softmax computed for that pair alone, unpadded (float16 rounding: 2e-2 absolute at
+    log-probabilities down to ~-10), and one distill step from the cache gives the loss of one step that runs
+    the teacher, to 1e-3 relative."""
+    import jax
+    import jax.numpy as jnp
+
+    from specjax.cli.train import _model_sizes
+    from specjax.models import t5
+    from specjax.models.t5 import T5Model
+
+    config = _model_sizes()["draft"].replace(vocab_size=300)
+    teacher = T5Model(config, t5.init_params(config, 7))
+    rng = np.random.default_rng(0)
+    src = [rng.integers(2, 300, rng.integers(3, 20)).astype(np.int32) for _ in range(70)]
+    tgt = [rng.integers(2, 300, rng.integers(3, 30)).astype(np.int32) for _ in range(70)]
+    lp, offsets = tr.teacher_log_probs(teacher, src, tgt, tmp_path / "t.f16", tokens_per_batch=256,
+                                       progress=False)
+    assert lp.shape == (sum(len(t) for t in tgt), 300) and offsets[-1] == lp.shape[0]
+    for i in (0, 13, 69):
+        ref = jax.nn.log_softmax(t5.logits(config, teacher.params, src[i][None], tr.shift_right(tgt[i][None])))[0]
+        np.testing.assert_allclose(lp[offsets[i]:offsets[i + 1]].astype(np.float32), np.asarray(ref),
+                                   atol=2e-2, rtol=0)
+    losses = {}
+    for cache in (True, False):
+        tc = tr.TrainConfig(objective="distill", num_steps=1, tokens_per_batch=256, cache_teacher=cache)
+        tr.train(config, tc, src, tgt, tmp_path / f"run_{cache}", teacher=teacher, progress=False)
+        losses[cache] = json.loads((tmp_path / f"run_{cache}" / "log.jsonl").read_text().splitlines()[-1])["loss"]
+    assert (tmp_path / "run_True" / "teacher_logprobs.f16").exists()
+    assert not (tmp_path / "run_False" / "teacher_logprobs.f16").exists()
+    assert abs(losses[True] - losses[False]) <= 1e-3 * abs(losses[False]), losses
+    assert losses[False] > 0.0

@@ -35,6 +35,10 @@ def add_parser(sub) -> None:
     p.add_argument("--train-on", default=None, choices=["references", "teacher"],
                    help="training targets: the reference translations, or the teacher's greedy outputs "
                         "(default: teacher for --objective distill, references otherwise)")
+    p.add_argument("--no-teacher-cache", dest="cache_teacher", action="store_false",
+                   help="distill: run the teacher's forward pass in every step instead of computing its "
+                        "log-probabilities once into RUN_DIR/teacher_logprobs.f16 (float16, ~16 KB per target "
+                        "token with an 8k vocabulary)")
     p.add_argument("--init-from", help="checkpoint to start from instead of a random initialisation "
                                        "(e.g. the reference-trained draft, for DistillSpec)")
     p.add_argument("--max-examples", type=int, default=0, help="use only the first N pairs (0: all)")
@@ -192,7 +196,8 @@ def _run(args: argparse.Namespace) -> int:
     tc = tr.TrainConfig(objective=args.objective, num_steps=args.steps, tokens_per_batch=args.tokens_per_batch,
                         learning_rate=args.learning_rate, warmup_steps=args.warmup_steps, seed=args.seed,
                         dropout_rate=args.dropout, snapshot_every=args.snapshot_every,
-                        save_every=args.save_every, compute_dtype=args.compute_dtype)
+                        save_every=args.save_every, compute_dtype=args.compute_dtype,
+                        cache_teacher=args.cache_teacher)
     init = None
     if args.init_from:
         from specjax.checkpoints import load_checkpoint
