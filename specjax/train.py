@@ -76,7 +76,7 @@ class TrainConfig:
         every pair once (``teacher_log_probs``: float16 on disk in the run directory) instead of running the
         teacher's forward pass in every step. The teacher is deterministic (no dropout), so this is the same
         objective up to float16 rounding of the log-probabilities, at the cost of one forward pass over the
-        data and ``8 KB × vocab/4000`` of disk per target token (Multi30k, 8k vocabulary: ~7 GB).
+        data and 2 bytes × vocab of disk per target token (16 KB with an 8k vocabulary; Multi30k: ~7 GB).
     """
     objective: str = "reference"
     num_steps: int = 3000
