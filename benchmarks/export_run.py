@@ -5,7 +5,7 @@ Usage (from the repository root):
 
 Reads RUN_DIR/state.msgpack (params, optimizer state, step: flax msgpack) and RUN_DIR/config.json, and writes
 OUT_DIR/model.safetensors + config.json (the format of `save_checkpoint(..., format="hf")`), OUT_DIR/STEP
-(the step, one integer) and, with --vocab, OUT_DIR/spiece.model. This is the *portable* resume point of
+(the step, one integer) and OUT_DIR/spiece.model (--vocab, else RUN_DIR/spiece.model when the run trained one). This is the *portable* resume point of
 benchmarks/train_small_pair.sh: the parameters alone, small enough to commit between sessions, from which
 `specjax train --init-from OUT_DIR --start-step $(cat OUT_DIR/STEP)` continues (fresh Adam moments).
 """
@@ -38,8 +38,9 @@ tmp = a.out_dir.with_name(a.out_dir.name + ".tmp")
 shutil.rmtree(tmp, ignore_errors=True)
 save_checkpoint(model.astype(a.dtype), tmp, format="hf")
 (tmp / "STEP").write_text(f"{int(raw['step'])}\n")
-if a.vocab:
-    shutil.copy(a.vocab, tmp / "spiece.model")
+vocab = a.vocab or (a.run_dir / "spiece.model" if (a.run_dir / "spiece.model").exists() else None)
+if vocab:  # the run's own vocabulary when it trained one and --vocab is not given
+    shutil.copy(vocab, tmp / "spiece.model")
 shutil.rmtree(a.out_dir, ignore_errors=True)
 tmp.rename(a.out_dir)  # never a half-written resume point
 print(f"exported step {int(raw['step'])} of {a.run_dir} to {a.out_dir} ({a.dtype})")

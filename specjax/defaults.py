@@ -64,9 +64,9 @@ def load_default_pair(draft: str = "distilled", dtype: str = "float32", size: st
     pair = PAIRS[size]
     if size == "small" and not _shipped("small"):
         raise FileNotFoundError(
-            f"The 'small' pair is not shipped in this version of specjax ({pair} is incomplete: its training "
-            "spans several sessions; specjax/assets/small_pair_TRAINING.md says where it stands). Use "
-            "size='mini' (--size mini), or pass --target/--draft checkpoints.")
+            f"The 'small' pair is not shipped in this version of specjax ({pair} is missing or incomplete: its "
+            "training spans several sessions; specjax/assets/small_pair_TRAINING.md says where it stands). "
+            "Use size='mini' (--size mini).")
     target_dir, draft_dir = pair / "target", pair / f"draft_{draft}"
     for path in (target_dir, draft_dir, pair / "spiece.model"):
         if not path.exists():

@@ -25,6 +25,7 @@ import functools
 import json
 import math
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -307,7 +308,7 @@ def _save_state(path: Path, params, opt_state, step: int):
 
 def train(config: T5Config, tc: TrainConfig, src: Sequence[np.ndarray], tgt: Sequence[np.ndarray],
           run_dir: str | os.PathLike, *, teacher: T5Model | None = None, init: T5Model | None = None,
-          start_step: int = 0, progress: bool = True) -> T5Model:
+          start_step: int = 0, stop: threading.Event | None = None, progress: bool = True) -> T5Model:
     """Trains (or resumes training of) a T5 on tokenized pairs.
 
     Args:
@@ -324,6 +325,10 @@ def train(config: T5Config, tc: TrainConfig, src: Sequence[np.ndarray], tgt: Seq
         schedule and the data order continue at this step, the Adam moments start again from zero, and the
         updates are scaled up linearly over ``REWARM_STEPS`` steps so that the fresh moments do not jolt a
         trained model. Ignored when ``state.msgpack`` exists (a real resume point wins).
+      stop: when set (e.g. by a SIGTERM/SIGINT handler), the loop saves ``state.msgpack`` after the step in
+        flight and raises ``KeyboardInterrupt``. A flag read by the loop, not an exception raised from the
+        signal handler: Python drops an exception raised while a callback such as JAX's garbage-collection
+        hook runs, and the run would go on unsaved.
     Returns:
       The trained ``T5Model``.
     Raises:
@@ -408,6 +413,8 @@ def train(config: T5Config, tc: TrainConfig, src: Sequence[np.ndarray], tgt: Seq
             params, opt_state, m = train_step(params, opt_state, enc, dec, teacher_params, np.int32(step),
                                               np.float32(scale))
             step += 1
+            if stop is not None and stop.is_set():
+                raise KeyboardInterrupt("stop requested")  # saved below, like Ctrl-C
             acc.append(m)
             bar.update(1)
             if step % tc.log_every == 0 or step == tc.num_steps:

@@ -40,8 +40,8 @@ def add_size_arg(p: argparse.ArgumentParser) -> None:
     """``--size mini|small``: which shipped pair (``specjax.load_default_pair(size=...)``) a subcommand uses
     without --target/--draft; default: "small" where this installation ships it, else "mini"."""
     p.add_argument("--size", choices=["mini", "small"], default=None,
-                   help="shipped pair without --target/--draft: mini (13.5M-parameter target) or small (46.0M); "
-                        "default: small where shipped, else mini")
+                   help="which shipped pair: mini (13.5M-parameter target) or small (46.0M); default: small "
+                        "where this installation ships it, else mini")
 
 
 def draft_source(args, draft):
