@@ -21,7 +21,6 @@ atomically every ``save_every`` steps and at the end.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import math
 import os
@@ -263,7 +262,7 @@ def _make_step(config: T5Config, opt, objective: str, alpha: float, teacher_conf
             return alpha * kl + (1 - alpha) * ce, (ce, kl, count)
         return ce, (ce, jnp.zeros(()), count)
 
-    @functools.partial(jax.jit, donate_argnums=(0, 1))
+    @jax.jit  # no buffer donation: a Ctrl-C inside the call would leave the loop's params deleted, unsavable
     def step(params, opt_state, enc, dec, teacher_params, step, update_scale=np.float32(1.0)):
         (loss, (ce, kl, count)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
             params, enc, dec, teacher_params, step)
@@ -374,7 +373,6 @@ def train(config: T5Config, tc: TrainConfig, src: Sequence[np.ndarray], tgt: Seq
         step, rewarm_from = start_step, start_step
         opt_state = _at_schedule_step(opt_state, start_step)
         (run / "rewarm.json").write_text(json.dumps({"rewarm_from": start_step}))
-    params = jax.tree_util.tree_map(jnp.array, params)  # own copies: the step donates its inputs
     cached = None
     if tc.objective == "distill" and tc.cache_teacher:
         cached = teacher_log_probs(teacher, src, tgt, run / "teacher_logprobs.f16",
