@@ -359,7 +359,12 @@ def train(config: T5Config, tc: TrainConfig, src: Sequence[np.ndarray], tgt: Seq
     opt = _optimizer(tc)
     if init is not None:
         if init.config.replace(name=config.name, dtype=config.dtype, param_dtype=config.param_dtype) != config:
-            raise ValueError(f"init model config {init.config} differs from the config being trained {config}.")
+            ours = init.config.replace(name=config.name, dtype=config.dtype, param_dtype=config.param_dtype)
+            diff = ", ".join(f"{f.name}: {getattr(ours, f.name)!r} in the checkpoint vs {getattr(config, f.name)!r} "
+                             "being trained" for f in dataclasses.fields(config)
+                             if getattr(ours, f.name) != getattr(config, f.name))
+            raise ValueError(f"--init-from checkpoint differs from the model being trained ({diff}); train the "
+                             "checkpoint's size (--model-config with its config.json) or start without --init-from.")
         params = jax.tree_util.tree_map(lambda x: jnp.asarray(x, config.weight_dtype), init.params)
     else:
         params = t5.init_params(config, tc.seed)

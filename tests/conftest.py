@@ -6,9 +6,26 @@ tests that need it fail -- not skip -- when it is missing, so CI cannot pass sil
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
-import jax
+# One persistent XLA compilation cache for the whole run, shared by both pytest-xdist workers and by the
+# subprocesses tests start (tests/_parallel_check.py): the same program (the same model, shapes and loop) is
+# compiled once, and a module whose compiled programs were dropped (``_free_compiled_programs``) or the other
+# worker loads it from disk instead of compiling it again. The controller process sets the variables before
+# the workers start, so they inherit the same fresh directory; a user may point JAX_COMPILATION_CACHE_DIR at
+# a directory of their own to keep the cache between runs. Results do not depend on it (the cache key is the
+# program's HLO, the compile options and the jax/XLA versions).
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="specjax-tests-xla-cache-")
+    _OWN_CACHE_DIR = os.environ["JAX_COMPILATION_CACHE_DIR"]  # this process made it: it removes it at the end
+else:
+    _OWN_CACHE_DIR = None
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+
+import jax  # noqa: E402  (after the cache variables, which jax reads at import)
 import pytest
 
 jax.config.update("jax_enable_x64", False)
@@ -71,3 +88,9 @@ def pytest_collection_finish(session):
     """No "no tests collected" run: an empty collection is an error (CI must really test something)."""
     if not session.items and not session.config.option.collectonly:
         raise pytest.UsageError("no tests collected; run `python -m pytest -q tests` from the repository root.")
+
+
+def pytest_unconfigure(config):
+    """Removes the run's compilation cache directory (in the process that made it: the controller)."""
+    if _OWN_CACHE_DIR is not None:
+        shutil.rmtree(_OWN_CACHE_DIR, ignore_errors=True)

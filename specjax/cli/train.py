@@ -30,7 +30,9 @@ def add_parser(sub) -> None:
                    help="model size from a JSON file instead of --model: T5Config fields (e.g. {\"d_model\": 512, "
                         "\"num_heads\": 8, ...}; fields left out take T5Config's defaults), a run directory's "
                         "config.json, or a Hugging Face config.json. The vocabulary size always comes from --vocab")
-    p.add_argument("--objective", default="reference", choices=["reference", "distill"])
+    p.add_argument("--objective", default="reference", choices=["reference", "distill"],
+                   help="reference: cross-entropy on the training targets; distill: DistillSpec forward KL to "
+                        "--teacher's token distributions (Zhou et al. 2023) (default: reference)")
     p.add_argument("--teacher", help="checkpoint of the target to distill from (objective=distill)")
     p.add_argument("--train-on", default=None, choices=["references", "teacher"],
                    help="training targets: the reference translations, or the teacher's greedy outputs "
@@ -42,11 +44,15 @@ def add_parser(sub) -> None:
     p.add_argument("--init-from", help="checkpoint to start from instead of a random initialisation "
                                        "(e.g. the reference-trained draft, for DistillSpec)")
     p.add_argument("--max-examples", type=int, default=0, help="use only the first N pairs (0: all)")
-    p.add_argument("--steps", type=int, default=3000)
-    p.add_argument("--tokens-per-batch", type=int, default=2048)
-    p.add_argument("--learning-rate", type=float, default=7e-4)
-    p.add_argument("--warmup-steps", type=int, default=400)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int, default=3000, help="optimizer steps in the whole run (default: 3000)")
+    p.add_argument("--tokens-per-batch", type=int, default=2048,
+                   help="target tokens per batch; batches group pairs of similar length (default: 2048)")
+    p.add_argument("--learning-rate", type=float, default=7e-4,
+                   help="peak AdamW learning rate: linear warmup, then cosine decay to 10%% of it over --steps "
+                        "(default: 7e-4)")
+    p.add_argument("--warmup-steps", type=int, default=400, help="linear warmup steps (default: 400)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the initialisation, data order and dropout (default: 0)")
     p.add_argument("--dropout", type=float, default=0.0,
                    help="dropout rate while training (0.1-0.2 keeps a small target from overfitting Multi30k)")
     p.add_argument("--snapshot-every", type=int, default=0,
@@ -61,7 +67,8 @@ def add_parser(sub) -> None:
                         "data order), fresh optimizer moments with a 50-step re-warmup; for a run whose "
                         "state.msgpack was lost. Ignored when RUN_DIR/state.msgpack exists")
     p.add_argument("--export", help="write the trained model here as a Hugging Face safetensors directory")
-    p.add_argument("--export-dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--export-dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"],
+                   help="dtype of the exported weights (default: bfloat16)")
     p.set_defaults(func=run)
 
 
