@@ -13,10 +13,22 @@ from specjax import train as tr
 from specjax.cli import main
 
 
-def _run(tmp_path, name, steps, data_dir, extra=()):
+@pytest.fixture(scope="module")
+def vocab500(tmp_path_factory, data_dir):
+    """The 500-piece vocabulary ``specjax train --vocab-size 500`` trains on Multi30k (the same call), made once
+    per module: runs that pass it with --vocab skip the 10–20 s SentencePiece training, which is deterministic,
+    so they tokenize exactly as a run that trains its own."""
     d = data_dir / "train" / "multi30k"
+    return tr.train_sentencepiece([d / "train.en", d / "train.de"], tmp_path_factory.mktemp("vocab") / "spiece",
+                                  500)
+
+
+def _run(tmp_path, name, steps, data_dir, extra=(), vocab=None):
+    """``specjax train`` of the mini draft on 600 Multi30k pairs; trains its vocabulary unless ``vocab``."""
+    d = data_dir / "train" / "multi30k"
+    vocab_args = ("--vocab", str(vocab)) if vocab else ("--vocab-size", "500")
     args = ["train", "--run-dir", str(tmp_path / name), "--model", "draft", "--source", str(d / "train.en"),
-            "--target-text", str(d / "train.de"), "--vocab-size", "500", "--max-examples", "600",
+            "--target-text", str(d / "train.de"), *vocab_args, "--max-examples", "600",
             "--tokens-per-batch", "256", "--steps", str(steps), "--seed", "3", *extra]
     assert main(args) == 0
     return serialization.msgpack_restore((tmp_path / name / "state.msgpack").read_bytes())
@@ -24,15 +36,16 @@ def _run(tmp_path, name, steps, data_dir, extra=()):
 
 def test_train_is_deterministic_and_resumable(tmp_path, data_dir):
     # With dropout: its key is a function of (seed, step), so a resumed run draws the same masks.
-    straight = _run(tmp_path, "a", 4, data_dir, ("--dropout", "0.1", "--snapshot-every", "2"))
-    _run(tmp_path, "b", 2, data_dir, ("--dropout", "0.1"))
-    resumed = _run(tmp_path, "b", 4, data_dir, ("--dropout", "0.1"))  # same command, more steps: from step 2
+    straight = _run(tmp_path, "a", 4, data_dir, ("--dropout", "0.1", "--snapshot-every", "2"))  # trains a vocab
+    vocab = tmp_path / "a" / "spiece.model"  # the others tokenize with run a's vocabulary
+    _run(tmp_path, "b", 2, data_dir, ("--dropout", "0.1"), vocab=vocab)
+    resumed = _run(tmp_path, "b", 4, data_dir, ("--dropout", "0.1"), vocab=vocab)  # same command, more steps
     snaps = sorted(p.name for p in (tmp_path / "a" / "snapshots").iterdir())
     assert snaps == ["step_2.msgpack", "step_4.msgpack"]
     snap4 = serialization.msgpack_restore((tmp_path / "a" / "snapshots" / "step_4.msgpack").read_bytes())
     for a, b in zip(jax_leaves(snap4), jax_leaves(straight["params"])):
         np.testing.assert_array_equal(a, b)
-    without = _run(tmp_path, "n", 4, data_dir)  # dropout off: a different (deterministic) trajectory
+    without = _run(tmp_path, "n", 4, data_dir, vocab=vocab)  # dropout off: a different (deterministic) trajectory
     assert any(not np.array_equal(a, b) for a, b in zip(jax_leaves(without["params"]),
                                                          jax_leaves(straight["params"])))
     assert int(straight["step"]) == int(resumed["step"]) == 4
@@ -129,7 +142,7 @@ def test_logits_with_dropout_are_random_only_in_training():
         tr.TrainConfig(dropout_rate=1.0)
 
 
-def test_model_config_json_sets_the_size(tmp_path, data_dir, capsys):
+def test_model_config_json_sets_the_size(tmp_path, data_dir, capsys, vocab500):
     """``--model-config`` trains the size it names (T5Config fields, a run's config.json, or HF config.json)."""
     from specjax.cli.train import load_model_config
     from specjax.config import T5Config
@@ -137,7 +150,7 @@ def test_model_config_json_sets_the_size(tmp_path, data_dir, capsys):
     fields = {"d_model": 24, "num_heads": 3, "head_dim": 8, "mlp_dim": 40, "num_encoder_layers": 1,
               "num_decoder_layers": 2, "name": "probe"}
     (tmp_path / "size.json").write_text(json.dumps(fields))
-    _run(tmp_path, "m", 1, data_dir, ("--model-config", str(tmp_path / "size.json")))
+    _run(tmp_path, "m", 1, data_dir, ("--model-config", str(tmp_path / "size.json")), vocab=vocab500)
     saved = json.loads((tmp_path / "m" / "config.json").read_text())["model"]
     assert {k: saved[k] for k in fields} == fields and saved["vocab_size"] == 500  # vocab from the tokenizer
     state = serialization.msgpack_restore((tmp_path / "m" / "state.msgpack").read_bytes())
@@ -157,7 +170,7 @@ def test_model_config_json_sets_the_size(tmp_path, data_dir, capsys):
     assert "layers" in capsys.readouterr().err and not (tmp_path / "e").exists()
 
 
-def test_sigterm_keeps_the_trained_steps(tmp_path, data_dir):
+def test_sigterm_keeps_the_trained_steps(tmp_path, data_dir, vocab500):
     """A job manager's SIGTERM (a session ending) saves the resume point as Ctrl-C does: with no periodic save
     due (--save-every 10000), state.msgpack appears holding the steps done, and the process ends cleanly."""
     import os
@@ -169,7 +182,7 @@ def test_sigterm_keeps_the_trained_steps(tmp_path, data_dir):
     d = data_dir / "train" / "multi30k"
     run = tmp_path / "t"
     cmd = [sys.executable, "-m", "specjax", "train", "--run-dir", str(run), "--model", "draft", "--source",
-           str(d / "train.en"), "--target-text", str(d / "train.de"), "--vocab-size", "500", "--max-examples",
+           str(d / "train.en"), "--target-text", str(d / "train.de"), "--vocab", str(vocab500), "--max-examples",
            "600", "--tokens-per-batch", "256", "--steps", "100000", "--seed", "3", "--snapshot-every", "1",
            "--save-every", "10000"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -191,7 +204,7 @@ def test_sigterm_keeps_the_trained_steps(tmp_path, data_dir):
     assert int(state["step"]) >= 1
 
 
-def test_resume_from_parameters_alone_continues_the_schedule_with_a_rewarm(tmp_path, data_dir):
+def test_resume_from_parameters_alone_continues_the_schedule_with_a_rewarm(tmp_path, data_dir, vocab500):
     """The portable resume point (``--init-from CKPT --start-step N``: parameters only, fresh Adam moments):
     the run continues at step N of the learning-rate schedule, and its first update is scaled by
     1/REWARM_STEPS. Adam's first step moves every coordinate with a non-zero gradient by exactly the learning
@@ -205,12 +218,12 @@ def test_resume_from_parameters_alone_continues_the_schedule_with_a_rewarm(tmp_p
     from specjax.models.t5 import T5Model
 
     sched_args = ("--warmup-steps", "1", "--learning-rate", "1e-3")
-    a = _run(tmp_path, "a", 2, data_dir, sched_args)
+    a = _run(tmp_path, "a", 2, data_dir, sched_args, vocab=vocab500)
     config = T5Config(**json.loads((tmp_path / "a" / "config.json").read_text())["model"])
     save_checkpoint(T5Model(config, jax.tree_util.tree_map(np.asarray, a["params"])), tmp_path / "p",
                     format="hf")
     b = _run(tmp_path, "b", 3, data_dir, (*sched_args, "--init-from", str(tmp_path / "p"), "--start-step", "2",
-                                          "--compute-dtype", "bfloat16"))
+                                          "--compute-dtype", "bfloat16"), vocab=vocab500)
     assert int(b["step"]) == 3
     counts = [int(x) for x in jax.tree_util.tree_leaves(b["opt_state"]) if np.ndim(x) == 0]
     assert sorted(counts) == [1, 3]  # Adam's own count started again; the schedule's continued from 2
