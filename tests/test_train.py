@@ -94,6 +94,14 @@ def test_train_refuses_bad_input(tmp_path, data_dir, capsys):
     assert code == 2
     assert "lower --tokens-per-batch" in capsys.readouterr().err
     assert not (tmp_path / "d").exists()
+    # A missing text file without --vocab: named before the vocabulary would be trained on it.
+    for flag, other in (("--source", "--target-text"), ("--target-text", "--source")):
+        code = main(["train", "--run-dir", str(tmp_path / "s"), "--model", "draft", flag, str(tmp_path / "no.txt"),
+                     other, str(d / "train.de")])
+        assert code == 2
+        err = capsys.readouterr().err
+        assert f"{flag} {tmp_path / 'no.txt'} does not exist" in err and "Traceback" not in err
+        assert not (tmp_path / "s").exists()
 
 
 def test_dropout_drops_at_the_rate_and_scales_the_rest():

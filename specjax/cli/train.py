@@ -18,14 +18,17 @@ def add_parser(sub) -> None:
         description="Train a T5 1.1 model on English->German text (Multi30k by default). Resumable: re-run "
                     "the same command to continue from RUN_DIR/state.msgpack. Deterministic given --seed.")
     p.add_argument("--run-dir", required=True, help="directory for state.msgpack, log.jsonl, config.json")
-    p.add_argument("--source", default=str(DATA / "train.en"), help="source-language text, one line each")
-    p.add_argument("--target-text", default=str(DATA / "train.de"), help="target-language text, aligned")
+    p.add_argument("--source", default=str(DATA / "train.en"), help=f"source-language text, one line each (default: {DATA / 'train.en'}, relative to "
+                        "the current directory)")
+    p.add_argument("--target-text", default=str(DATA / "train.de"), help="target-language text, line-aligned with --source (default: "
+                        f"{DATA / 'train.de'})")
     p.add_argument("--vocab", help="SentencePiece .model; trained on --source/--target-text when absent "
                                    "(written to RUN_DIR/spiece.model)")
-    p.add_argument("--vocab-size", type=int, default=8000, help="pieces when training the vocabulary")
+    p.add_argument("--vocab-size", type=int, default=8000,
+                   help="pieces when training the vocabulary (default: 8000)")
     p.add_argument("--model", default="target", choices=[*_model_sizes(), *PRESETS],
                    help="model size: the mini pair's 'target' or 'draft', the small pair's 'small-target' or "
-                        "'small-draft', or a T5 preset name")
+                        "'small-draft', or a T5 preset name (default: target)")
     p.add_argument("--model-config", metavar="JSON",
                    help="model size from a JSON file instead of --model: T5Config fields (e.g. {\"d_model\": 512, "
                         "\"num_heads\": 8, ...}; fields left out take T5Config's defaults), a run directory's "
@@ -33,7 +36,8 @@ def add_parser(sub) -> None:
     p.add_argument("--objective", default="reference", choices=["reference", "distill"],
                    help="reference: cross-entropy on the training targets; distill: DistillSpec forward KL to "
                         "--teacher's token distributions (Zhou et al. 2023) (default: reference)")
-    p.add_argument("--teacher", help="checkpoint of the target to distill from (objective=distill)")
+    p.add_argument("--teacher", help="checkpoint of the target to distill from (objective=distill): a Hugging Face "
+                        "directory (config.json + model.safetensors, as --export writes) or a T5X checkpoint")
     p.add_argument("--train-on", default=None, choices=["references", "teacher"],
                    help="training targets: the reference translations, or the teacher's greedy outputs "
                         "(default: teacher for --objective distill, references otherwise)")
@@ -41,9 +45,10 @@ def add_parser(sub) -> None:
                    help="distill: run the teacher's forward pass in every step instead of computing its "
                         "log-probabilities once into RUN_DIR/teacher_logprobs.f16 (float16, ~16 KB per target "
                         "token with an 8k vocabulary)")
-    p.add_argument("--init-from", help="checkpoint to start from instead of a random initialisation "
-                                       "(e.g. the reference-trained draft, for DistillSpec)")
-    p.add_argument("--max-examples", type=int, default=0, help="use only the first N pairs (0: all)")
+    p.add_argument("--init-from", help="checkpoint to start from instead of a random initialisation, of the same size: a "
+                                       "Hugging Face directory (as --export writes) or a T5X checkpoint (e.g. the "
+                                       "reference-trained draft, for DistillSpec)")
+    p.add_argument("--max-examples", type=int, default=0, help="use only the first N pairs (default 0: all)")
     p.add_argument("--steps", type=int, default=3000, help="optimizer steps in the whole run (default: 3000)")
     p.add_argument("--tokens-per-batch", type=int, default=2048,
                    help="target tokens per batch; batches group pairs of similar length (default: 2048)")
@@ -54,11 +59,13 @@ def add_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=0,
                    help="seed of the initialisation, data order and dropout (default: 0)")
     p.add_argument("--dropout", type=float, default=0.0,
-                   help="dropout rate while training (0.1-0.2 keeps a small target from overfitting Multi30k)")
+                   help="dropout rate while training (default: 0; 0.1-0.2 keeps a small target from overfitting "
+                        "Multi30k)")
     p.add_argument("--snapshot-every", type=int, default=0,
                    help="also keep the weights every N steps as RUN_DIR/snapshots/step_N.msgpack (0: never)")
     p.add_argument("--save-every", type=int, default=250,
-                   help="write the resume point RUN_DIR/state.msgpack every N steps (also on Ctrl-C and SIGTERM)")
+                   help="write the resume point RUN_DIR/state.msgpack every N steps (also on Ctrl-C and SIGTERM; "
+                        "default: 250)")
     p.add_argument("--compute-dtype", default=None, choices=["float32", "bfloat16"],
                    help="dtype of activations and matmuls in the training step (default: the model's, float32); "
                         "parameters and optimizer state stay float32 and the saved config is unchanged")
@@ -165,6 +172,11 @@ def _run(args: argparse.Namespace) -> int:
         config = load_model_config(args.model_config)
     else:
         config = sizes[args.model] if args.model in sizes else T5Config.preset(args.model)
+    for flag, path in (("--source", args.source), ("--target-text", args.target_text)):
+        if not Path(path).is_file():  # before the vocabulary is trained on them (SentencePiece's own error is a
+            raise FileNotFoundError(  # RuntimeError from deep inside it)
+                f"{flag} {path} does not exist. The defaults are Multi30k's training files in {DATA}, relative "
+                "to the current directory: run from the repository root, or pass --source and --target-text.")
     run_dir = Path(args.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     vocab = Path(args.vocab) if args.vocab else run_dir / "spiece.model"
