@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import collections
 import csv
 import json
 import math
@@ -191,9 +192,14 @@ def test_profile_reader_on_a_known_loop():
     assert set(p.scope_ms_per_iteration) >= {"draft", "verify"}
     assert all(v > 0 for v in p.scope_ms_per_iteration.values())
     assert p.outside_loop_ms.get("encode", 0) > 0
-    # Three draft matmuls per iteration against one verify matmul of the same size.
-    assert p.scope_ms_per_iteration["draft"] > p.scope_ms_per_iteration["verify"]
-    assert p.thunks_per_iteration >= 3
+    # Execution counts, not times (times on a shared machine are noise): each iteration runs the draft's
+    # fused matmul+tanh 3 times (the nested loop) and the verify's once, each op attributed to its scope.
+    counts = collections.defaultdict(list)
+    for _op, scope, ms, per_iteration in p.top_ops:
+        assert ms >= 0
+        counts[scope].append(per_iteration)
+    assert max(counts["draft"]) == pytest.approx(3.0) and max(counts["verify"]) == pytest.approx(1.0)
+    assert p.thunks_per_iteration >= 4  # at least the 3 draft matmuls and the verify matmul
 
 
 def test_protobuf_wire_reader():
