@@ -29,6 +29,11 @@ DRAFT_REF_STEPS=${DRAFT_REF_STEPS:-1500}         # 5.1 epochs (the mini pair's: 
 DRAFT_DISTILL_STEPS=${DRAFT_DISTILL_STEPS:-1500}  # the mini pair's: 2,000
 
 done_() { [ -f "$EXPORTS/$1/model.safetensors" ]; }
+# A model already committed into $SHIP (the finished target, from the ninth session on) counts as done on a new
+# machine too: it is copied back into $EXPORTS, so the later stages (DistillSpec's teacher) find it there.
+for m in target draft_reference draft_distilled; do
+  if [ -f "$SHIP/$m/model.safetensors" ] && ! done_ "$m"; then mkdir -p "$EXPORTS"; cp -r "$SHIP/$m" "$EXPORTS/$m"; fi
+done
 want() { [[ " $STAGES " == *" $1 "* ]]; }
 log() { echo "[$(date '+%F %T')] $*"; }
 
