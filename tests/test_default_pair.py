@@ -135,20 +135,31 @@ def test_alpha_agrees_with_the_accepted_tokens_per_call_at_gamma_one(temperature
 
 
 def test_sizes_and_the_default_size():
-    """``load_default_pair(size=...)``: "mini" is the 13.5M/1.45M pair; "small" is the 46.0M/4.94M pair where
-    shipped, else a FileNotFoundError that names the way out; the CLI default follows what is shipped."""
+    """``load_default_pair(size=...)``: "mini" is the 13.5M/1.45M pair; "small" is the 46.0M/4.94M pair, shipped
+    in bfloat16, opt-in; the CLI's default is "mini"."""
     from specjax import defaults
 
     target, draft, _ = load_default_pair(size="mini")
     assert (round(target.num_params / 1e6, 1), round(draft.num_params / 1e6, 2)) == (13.5, 1.45)
     with pytest.raises(ValueError, match="size must be one of"):
         load_default_pair(size="large")
-    if defaults._shipped("small"):
-        assert defaults.default_size() == "small"
-        target, draft, _ = load_default_pair(size="small")
-        assert (round(target.num_params / 1e6, 1), round(draft.num_params / 1e6, 2)) == (46.0, 4.94)
-        assert per_token_decode_macs(target.config) >= 10 * per_token_decode_macs(draft.config)
-    else:
-        assert defaults.default_size() == "mini"
-        with pytest.raises(FileNotFoundError, match="size='mini'"):
-            load_default_pair(size="small")
+    # The small pair ships in this version (issue 12); a checkout without it is a broken install. It is opt-in:
+    # its target misses the issue's BLEU goal, so the default stays "mini".
+    assert defaults._shipped("small"), "specjax/assets/small_pair is incomplete"
+    assert defaults.default_size() == "mini"
+    target, draft, _ = load_default_pair(size="small")
+    assert (round(target.num_params / 1e6, 1), round(draft.num_params / 1e6, 2)) == (46.0, 4.94)
+    assert per_token_decode_macs(target.config) >= 10 * per_token_decode_macs(draft.config)
+    # Shipped in bfloat16 (issue 12): the target's float32 decoder is beyond a 32 MB L3 cache, its files are not.
+    from safetensors import safe_open
+    with safe_open(str(defaults.PAIRS["small"] / "target" / "model.safetensors"), "np") as f:
+        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}
+    total = sum(p.stat().st_size for p in defaults.PAIRS["small"].rglob("*") if p.is_file())
+    assert total <= 115_000_000, f"shipped small pair is {total / 1e6:.1f} MB"
+
+
+def test_small_pair_greedy_speculative_equals_greedy_target_on_multi30k(data_dir):
+    """Issue 12: greedy speculative = greedy target on 96 Multi30k test lines with the small pair's distilled
+    draft, as for the mini pair."""
+    target, draft, tokenizer = load_default_pair("distilled", size="small")
+    _assert_greedy_identity_on_multi30k(target, draft, tokenizer, data_dir, gammas=(2, 5))

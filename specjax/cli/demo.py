@@ -18,8 +18,9 @@ def add_parser(sub) -> None:
                     "call and the speedup over temperature_sample measured in the same run (batch 1, "
                     "after compilation).")
     p.add_argument("--num-lines", type=int, default=24, help="sentences to translate (default 24)")
-    p.add_argument("--gamma", type=int, default=3,
-                   help="draft tokens per target call (default 3, the fastest measured on a 2-core CPU)")
+    p.add_argument("--gamma", type=int, default=None,
+                   help="draft tokens per target call (default: the fastest measured on a 2-core CPU for the "
+                        "pair, specjax.defaults.DEMO_GAMMA: 3 for mini, 4 for small)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--draft", default="distilled", choices=["distilled", "reference"],
                    help="which shipped draft: distilled (DistillSpec, default) or reference (trained on the "
@@ -32,6 +33,10 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Runs the demo; returns 0. Raises ValueError for bad flags before loading any model."""
+    from specjax.defaults import DEMO_GAMMA, default_size
+
+    if args.gamma is None:
+        args.gamma = DEMO_GAMMA[args.size or default_size()]
     for name in ("num_lines", "gamma", "max_decode_length"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}.")
@@ -70,8 +75,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"greedy outputs identical to the target alone: {same}")
     if m.speedup < 1:
         print("note: on a CPU the target's (gamma+1)-token verification window costs 1.3-2x a one-token step "
-              "(about 1x on the paper's accelerators), so with this small target speculative sampling wins little on a "
-              "CPU (1.07-1.13x measured on a 2-core machine, README) and can lose on a busy one; see README, 'The "
-              "embedded default pair' and `specjax bench --profile`.")
+              "(about 1x on the paper's accelerators), so a target whose weights fit the CPU's cache (the mini "
+              "pair's) wins little from speculative sampling and can lose on a busy machine; `--size small` is the "
+              "paper's regime (a target beyond the cache). See README, 'The embedded default pair', and "
+              "`specjax bench --profile`.")
     return 0
 
