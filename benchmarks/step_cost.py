@@ -102,9 +102,10 @@ def main(argv=None) -> None:
                         help="also time the new code compiled with these XLA options (e.g. "
                              "xla_cpu_multi_thread_eigen=false, or several: A=1,B=2), side by side; repeatable")
     parser.add_argument("--profile", help="folder for jax.profiler traces (one per program)")
+    parser.add_argument("--size", default="mini", choices=["mini", "small"], help="which shipped pair (default: mini)")
     args = parser.parse_args(argv)
 
-    target, draft, _ = specjax.load_default_pair()
+    target, draft, _ = specjax.load_default_pair(size=args.size)
     models = {"target": target, "draft": draft}
     impls = {"new": (t5_new, {})}
     if args.old:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from specjax.sampling import (Sampler, accept_or_resample, acceptance_probability, residual, sample_from,
+from specjax.sampling import (Sampler, argmax, accept_or_resample, acceptance_probability, residual, sample_from,
                               validate_sampling)
 
 SIGNIFICANCE = 0.001
@@ -37,6 +37,21 @@ def test_temperature_one_is_softmax_and_temperature_scales_logits():
     logits = _random_logits(1, (3, 7))
     np.testing.assert_allclose(Sampler().probs(logits), jax.nn.softmax(logits), rtol=1e-6)
     np.testing.assert_allclose(Sampler(0.5).probs(logits), jax.nn.softmax(logits / 0.5), rtol=1e-5)
+
+
+def test_argmax_equals_numpy_first_index_on_ties_and_nans():
+    # specjax.sampling.argmax (max + first index, XLA:CPU-friendly) against numpy's argmax: random rows,
+    # rows with tied maxima (first index wins), -inf, a NaN (numpy: the first NaN), shapes [v], [b, v], [b, k, v].
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 4, 257)).astype(np.float32)
+    x[0, 1, [5, 77, 200]] = 10.0          # a three-way tie: 5
+    x[1, 2, :] = -np.inf                   # all -inf: 0
+    x[2, 0, [9, 30]] = np.nan              # NaNs: the first NaN, 9
+    x[2, 3, -1] = np.float32(3e38)         # the last index
+    for arr in (x, x[0], x[1, 2]):
+        got = np.asarray(jax.jit(argmax)(jnp.asarray(arr)))
+        np.testing.assert_array_equal(got, np.argmax(arr, axis=-1))
+    assert jax.jit(argmax)(jnp.asarray(x)).dtype == jnp.int32
 
 
 def test_temperature_zero_is_one_hot_argmax():

@@ -16,7 +16,7 @@ from specjax.decoding.loop import split_rows
 from specjax.decoding.model import DecodingModel, as_decoding_model
 from specjax.decoding.result import Counters, DecodeResult
 from specjax.decoding.xla_cpu import TunedJit
-from specjax.sampling import SamplingParams, sample_rows
+from specjax.sampling import SamplingParams, argmax, sample_rows
 
 __all__ = ["temperature_sample", "lower_temperature_sample"]
 
@@ -41,7 +41,7 @@ def sample_next(keys, logits, sampling: SamplingParams) -> jax.Array:
     """One token per row from logits float[b, v]: the argmax when every row is greedy (no probabilities
     built), else a draw from each row's warped distribution (one-hot for its greedy rows)."""
     return jax.lax.cond(sampling.all_greedy(),
-                        lambda _: jnp.argmax(logits, axis=-1).astype(jnp.int32),
+                        lambda _: argmax(logits),
                         lambda _: sample_rows(keys, sampling.probs(logits)), None)
 
 

@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax.decoding.verify import Proposal
-from specjax.sampling import SamplingParams, sample_rows
+from specjax.sampling import SamplingParams, argmax, sample_rows
 
 __all__ = ["DraftSource", "ModelDraft", "PromptLookupDraft", "decoder_input_at"]
 
@@ -57,18 +57,24 @@ class DraftSource(Protocol):
         ...
 
 
+def _draw_greedy(keys, logits, sampling: SamplingParams):
+    """Every row greedy: (the argmax int32[b], p float32[b, v] left as zeros: the verifier's greedy branch does
+    not read it)."""
+    return argmax(logits), jnp.zeros(logits.shape, jnp.float32)
+
+
+def _draw_sampled(keys, logits, sampling: SamplingParams):
+    """One token per row from its warped distribution p (one-hot on greedy rows): (int32[b], p float32[b, v])."""
+    p = sampling.probs(logits)
+    return sample_rows(keys, p), p
+
+
 def _draw(keys, logits, sampling: SamplingParams):
     """One token per row and the distribution it came from: keys uint32[b, 2], logits float[b, v] ->
     (int32[b], float32[b, v]). All rows greedy: the argmax, p left as zeros (the verifier's greedy branch
-    does not read it)."""
-    def greedy(_):
-        return jnp.argmax(logits, axis=-1).astype(jnp.int32), jnp.zeros(logits.shape, jnp.float32)
-
-    def sampled(_):
-        p = sampling.probs(logits)
-        return sample_rows(keys, p), p
-
-    return jax.lax.cond(sampling.all_greedy(), greedy, sampled, None)
+    does not read it); chosen at run time (``lax.cond``)."""
+    return jax.lax.cond(sampling.all_greedy(), lambda _: _draw_greedy(keys, logits, sampling),
+                        lambda _: _draw_sampled(keys, logits, sampling), None)
 
 
 def _confidence(logits, x, p, sampling: SamplingParams):
@@ -120,20 +126,30 @@ class ModelDraft:
         window = jnp.stack([decoder_input_at(sequences, start, pad_id), decoder_input_at(sequences, n, pad_id)], 1)
         logits2, cache = self.model.decode(params, encoded, window, cache, start)  # [b, 2, v]
         first_logits = logits2[jnp.arange(b), n - start]  # [b, v]
-        x1, p1 = _draw(keys[0], first_logits, sampling)
         if self.confidence_threshold is not None:
+            x1, p1 = _draw(keys[0], first_logits, sampling)
             return self._propose_until_unsure(params, encoded, cache, sequences, n, keys, sampling, gamma,
                                               first_logits, x1, p1)
 
-        def step(carry, key):
-            cache, x_prev, pos = carry  # x_prev [b] sits at decoder position pos [b]
-            logits, cache = self.model.decode(params, encoded, x_prev[:, None], cache, pos)
-            x, p = _draw(key, logits[:, 0], sampling)
-            return (cache, x, pos + 1), (x, p)
+        def steps(draw, cache):
+            """The γ draws, the first from the catch-up window's logits, then γ − 1 one-token steps."""
+            x1, p1 = draw(keys[0], first_logits, sampling)
 
-        (cache, _, _), (xs, ps) = jax.lax.scan(step, (cache, x1, n + 1), keys[1:gamma])
-        tokens = jnp.concatenate([x1[:, None], jnp.swapaxes(xs, 0, 1)], axis=1)  # [b, g]
-        probs = jnp.concatenate([p1[:, None], jnp.swapaxes(ps, 0, 1)], axis=1)  # [b, g, v]
+            def step(carry, key):
+                cache, x_prev, pos = carry  # x_prev [b] sits at decoder position pos [b]
+                logits, cache = self.model.decode(params, encoded, x_prev[:, None], cache, pos)
+                x, p = draw(key, logits[:, 0], sampling)
+                return (cache, x, pos + 1), (x, p)
+
+            (cache, _, _), (xs, ps) = jax.lax.scan(step, (cache, x1, n + 1), keys[1:gamma])
+            tokens = jnp.concatenate([x1[:, None], jnp.swapaxes(xs, 0, 1)], axis=1)  # [b, g]
+            probs = jnp.concatenate([p1[:, None], jnp.swapaxes(ps, 0, 1)], axis=1)  # [b, g, v]
+            return tokens, probs, cache
+
+        # Greedy or sampled is chosen once per iteration, not once per draft step: a conditional inside the
+        # scan body costs its dispatch γ times per iteration (measured: benchmarks/results/loop_overhead.md).
+        tokens, probs, cache = jax.lax.cond(sampling.all_greedy(), lambda c: steps(_draw_greedy, c),
+                                            lambda c: steps(_draw_sampled, c), cache)
         return Proposal(tokens, probs, jnp.full((b,), gamma, jnp.int32)), cache
 
     def _propose_until_unsure(self, params, encoded, cache, sequences, n, keys, sampling, gamma, first_logits,

@@ -18,7 +18,7 @@ from typing import NamedTuple, Protocol
 import jax
 import jax.numpy as jnp
 
-from specjax.sampling import SamplingParams, overlap, residual, sample_rows
+from specjax.sampling import SamplingParams, argmax, overlap, residual, sample_rows
 
 __all__ = ["Proposal", "Verdict", "Verifier", "TokenVerifier", "token_verify", "get_verifier"]
 
@@ -98,7 +98,7 @@ def token_verify(keys, drafted, p, q, lengths=None):
 def _greedy_verdict(proposal: Proposal, target_logits: jax.Array) -> Verdict:
     """Every row at temperature 0: accept while the target's argmax equals the draft, emit the argmax."""
     g = proposal.tokens.shape[1]
-    target_tokens = jnp.argmax(target_logits, axis=-1).astype(jnp.int32)  # [b, k]
+    target_tokens = argmax(target_logits)  # [b, k]
     agree = (target_tokens[:, :g] == proposal.tokens) & (jnp.arange(g)[None, :] < proposal.lengths[:, None])
     num_accepted = jnp.sum(jnp.cumprod(agree.astype(jnp.int32), axis=1), axis=1)
     next_token = jnp.take_along_axis(target_tokens, num_accepted[:, None], axis=1)[:, 0]
