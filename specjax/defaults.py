@@ -59,7 +59,7 @@ def load_default_pair(draft: str = "distilled", dtype: str = "float32", size: st
     Raises:
       ValueError: unknown draft or size name. FileNotFoundError: the package was installed without its
         assets, or the "small" pair is not in this version (its training spans sessions; see
-        ``specjax/assets/small_pair_TRAINING.md``).
+        ``specjax/assets/small_pair/TRAINING.md``).
     """
     from specjax.checkpoints import load_checkpoint
     from specjax.tokenizer import Tokenizer
@@ -73,7 +73,7 @@ def load_default_pair(draft: str = "distilled", dtype: str = "float32", size: st
     if size == "small" and not _shipped("small"):
         raise FileNotFoundError(
             f"The 'small' pair is not shipped in this version of specjax ({pair} is missing or incomplete: its "
-            "training spans several sessions; specjax/assets/small_pair_TRAINING.md says where it stands). "
+            "training spans several sessions; specjax/assets/small_pair/TRAINING.md says where it stands). "
             "Use size='mini' (--size mini).")
     target_dir, draft_dir = pair / "target", pair / f"draft_{draft}"
     for path in (target_dir, draft_dir, pair / "spiece.model"):

@@ -193,7 +193,12 @@ def sample_from(key: jax.Array, probs: jax.Array, greedy: bool = False) -> jax.A
         return argmax(probs)
     cdf = jnp.cumsum(probs, axis=-1)  # [..., v]
     u = jax.random.uniform(key, probs.shape[:-1], jnp.float32) * cdf[..., -1]  # [...], in [0, total)
-    return jnp.argmax(cdf > u[..., None], axis=-1).astype(jnp.int32)
+    # The first index with cdf > u (0 if none, as jnp.argmax of an all-False row), as a min over an iota:
+    # a plain reduction, where jnp.argmax of a bool row is XLA:CPU's slow variadic one (see ``argmax``).
+    v = probs.shape[-1]
+    first = jnp.min(jnp.where(cdf > u[..., None], jax.lax.broadcasted_iota(jnp.int32, cdf.shape, cdf.ndim - 1), v),
+                    axis=-1)
+    return jnp.where(first == v, 0, first).astype(jnp.int32)
 
 
 def sample_rows(keys: jax.Array, probs: jax.Array) -> jax.Array:

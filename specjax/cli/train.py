@@ -91,7 +91,7 @@ def _model_sizes():
                            num_encoder_layers=4, num_decoder_layers=4, name="specjax_target_ende"),
         "draft": T5Config(vocab_size=8000, d_model=64, num_heads=2, head_dim=32, mlp_dim=256,
                           num_encoder_layers=4, num_decoder_layers=2, name="specjax_draft_ende"),
-        # The small pair (issue 12; specjax/assets/small_pair_TRAINING.md). Target: d 512, 8 x 64 heads,
+        # The small pair (issue 12; specjax/assets/small_pair/TRAINING.md). Target: d 512, 8 x 64 heads,
         # 6+6 layers, 46.0M parameters, 99.6 MiB of float32 decoder weights (beyond a 32 MB L3 cache),
         # 23.0M per-token decode multiply-adds. Draft: d 128, 4 x 32 heads, 6 encoder + 4 decoder layers,
         # 2.20M per-token multiply-adds (1/10.4 of the target; the 8k-way logits are 1.02M of them).
