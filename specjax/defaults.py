@@ -32,7 +32,7 @@ def _shipped(size: str) -> bool:
 
 # The draft tokens per target call that ``specjax demo`` uses for each pair: the γ with the best measured speedup
 # at batch 1, temperature 0 on a 2-core CPU (README, "The embedded default pair"; benchmarks/results).
-DEMO_GAMMA = {"mini": 3, "small": 4}
+DEMO_GAMMA = {"mini": 3, "small": 3}
 
 
 def default_size() -> str:
