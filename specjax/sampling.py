@@ -130,11 +130,16 @@ def argmax(x: jax.Array) -> jax.Array:
     the decode loops take one per draft step and one per verified window at temperature 0.
     """
     x = jnp.asarray(x)
-    v = x.shape[-1]
     top = jnp.max(x, axis=-1, keepdims=True)
-    hit = (x == top) | jnp.isnan(x)  # max is NaN where a NaN is present; then the first NaN is the argmax
-    iota = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
-    return jnp.min(jnp.where(hit, iota, v), axis=-1).astype(jnp.int32)
+    # max is NaN where a NaN is present; then the first NaN is the argmax. Some entry always hits.
+    return _first_true((x == top) | jnp.isnan(x))
+
+
+def _first_true(mask: jax.Array) -> jax.Array:
+    """Index of the first True along the last axis, int32 [...] from bool [..., v]; ``v`` where none is True.
+    A min over an iota: a plain reduction (XLA:CPU runs ``jnp.argmax``'s variadic one element by element)."""
+    iota = jax.lax.broadcasted_iota(jnp.int32, mask.shape, mask.ndim - 1)
+    return jnp.min(jnp.where(mask, iota, mask.shape[-1]), axis=-1).astype(jnp.int32)
 
 
 def _per_row(x, ndim):
@@ -193,12 +198,8 @@ def sample_from(key: jax.Array, probs: jax.Array, greedy: bool = False) -> jax.A
         return argmax(probs)
     cdf = jnp.cumsum(probs, axis=-1)  # [..., v]
     u = jax.random.uniform(key, probs.shape[:-1], jnp.float32) * cdf[..., -1]  # [...], in [0, total)
-    # The first index with cdf > u (0 if none, as jnp.argmax of an all-False row), as a min over an iota:
-    # a plain reduction, where jnp.argmax of a bool row is XLA:CPU's slow variadic one (see ``argmax``).
-    v = probs.shape[-1]
-    first = jnp.min(jnp.where(cdf > u[..., None], jax.lax.broadcasted_iota(jnp.int32, cdf.shape, cdf.ndim - 1), v),
-                    axis=-1)
-    return jnp.where(first == v, 0, first).astype(jnp.int32)
+    first = _first_true(cdf > u[..., None])  # the first index with cdf > u
+    return jnp.where(first == probs.shape[-1], 0, first)  # none: 0, as jnp.argmax of an all-False row
 
 
 def sample_rows(keys: jax.Array, probs: jax.Array) -> jax.Array:
