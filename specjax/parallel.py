@@ -266,13 +266,14 @@ def _drop_axis(rules: Rules, keep: str) -> Rules:
 # Activations: a DecodingModel wrapper that pins encoder outputs, caches and logits to the mesh
 
 
-_PER_LAYER = ("batch", "heads", "length", "kv")  # t5's per-layer caches and cross K/V: [b, n, L | s, h]
+_PER_LAYER = ("batch", "heads", "length", "kv")  # t5's per-layer caches and cross values: [b, n, L | s, h]
 
 
 def _encoded_axes(encoded: t5.Encoded) -> t5.Encoded:
-    """Logical axes of ``t5.Encoded`` (mask [b, s]; per-layer cross K/V [b, n, s, h])."""
-    return t5.Encoded(("batch", "length"), tuple(_PER_LAYER for _ in encoded.cross_k),
-                      tuple(_PER_LAYER for _ in encoded.cross_v))
+    """Logical axes of ``t5.Encoded`` (``t5.ENCODED_AXES`` per layer: mask [b, s]; cross keys [b, n, h, s],
+    values [b, n, s, h])."""
+    return t5.Encoded(t5.ENCODED_AXES.mask, tuple(t5.ENCODED_AXES.cross_k for _ in encoded.cross_k),
+                      tuple(t5.ENCODED_AXES.cross_v for _ in encoded.cross_v))
 
 
 def _cache_axes(cache: t5.KVCache) -> t5.KVCache:

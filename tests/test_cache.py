@@ -182,12 +182,15 @@ def test_windows_at_mixed_positions_match_numpy_reference(setup, k, advance):
 
 
 def test_cache_and_encoded_layout(setup):
-    """Per-layer arrays, heads before positions ([b, n, L, h] and [b, n, s, h]); one axis name per dim."""
+    """Per-layer arrays, heads first: cache [b, n, L, h], cross keys [b, n, h, s] (the contracted head dim
+    first, as the scores' dot reads them), cross values [b, n, s, h]; one axis name per dim."""
     cfg, model, encoded, _, _ = setup
     cache = t5.init_cache(cfg, 2, 13)
     assert len(cache.k) == len(cache.v) == cfg.num_decoder_layers
     assert {x.shape for x in cache.k + cache.v} == {(2, cfg.num_heads, 13, cfg.head_dim)}
-    assert {x.shape for x in encoded.cross_k + encoded.cross_v} == {(2, cfg.num_heads, 9, cfg.head_dim)}
+    assert {x.shape for x in encoded.cross_k} == {(2, cfg.num_heads, cfg.head_dim, 9)}
+    assert {x.shape for x in encoded.cross_v} == {(2, cfg.num_heads, 9, cfg.head_dim)}
+    assert t5.ENCODED_AXES.cross_k == ("batch", "heads", "kv", "length")
     for tree in (cache, encoded):
         axes = t5.logical_axes(tree)
         leaves = jax.tree_util.tree_leaves(tree)
@@ -217,7 +220,9 @@ def test_run_time_encoder_width_equals_whole_width(setup, longest):
     assert run_time_widths(ENCODE_WIDTHS, s) == [16, 32, 48]
     assert run_time_widths(ENCODE_WIDTHS, 512) == [64, 128, 256, 512]
     width = min(w for w in run_time_widths(ENCODE_WIDTHS, s) if w >= longest)
-    for a, c in zip(whole.cross_k + whole.cross_v, ran.cross_k + ran.cross_v):
+    # Keys [b, n, h, s] are compared as [b, n, s, h], like the values.
+    for a, c in zip([np.swapaxes(x, 2, 3) for x in whole.cross_k] + list(whole.cross_v),
+                    [np.swapaxes(x, 2, 3) for x in ran.cross_k] + list(ran.cross_v)):
         assert a.shape == c.shape == (3, cfg.num_heads, s, cfg.head_dim)
         real = (enc != 0)[:, None, :, None]
         np.testing.assert_allclose(np.where(real, c, 0), np.where(real, a, 0), rtol=1e-5, atol=1e-6)

@@ -48,7 +48,7 @@ class T5Decoding:
         return self.config.pad_id
 
     def encode(self, params, encoder_input_tokens):
-        """int32[b, s] -> ``t5.Encoded`` (mask [b, s], cross keys/values [b, n, s, h]), as
+        """int32[b, s] -> ``t5.Encoded`` (mask [b, s], cross keys [b, n, h, s], values [b, n, s, h]), as
         ``specjax.models.t5.encode``, but the encoder runs only on the first ``w`` tokens of every row, ``w``
         the smallest of ``run_time_widths(encode_widths, s)`` covering the call's last non-pad token: one
         ``lax.switch`` branch per width inside the compiled program, the keys/values zero-padded back to ``s``.
@@ -70,8 +70,9 @@ class T5Decoding:
         def at_width(w):
             def run(tokens):
                 enc = t5.encode(self.config, params, tokens[:, :w])
-                grow = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, s - w), (0, 0)))
-                return t5.Encoded(mask, tuple(map(grow, enc.cross_k)), tuple(map(grow, enc.cross_v)))
+                grow_k = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, s - w)))  # [b, n, h, s]
+                grow_v = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, s - w), (0, 0)))  # [b, n, s, h]
+                return t5.Encoded(mask, tuple(map(grow_k, enc.cross_k)), tuple(map(grow_v, enc.cross_v)))
             return run
 
         return jax.lax.switch(index, [at_width(w) for w in widths], tokens)

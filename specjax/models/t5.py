@@ -40,14 +40,19 @@ NEG_INF = -1e10  # t5x's attention mask bias.
 class Encoded(NamedTuple):
     """What the decoder needs from the encoder, computed once per input.
 
-    Keys and values are stored per layer, heads before positions ([b, n, s, h]): the layout the attention
-    dot products read (batch dims leading), so a decode step neither transposes nor slices them.
+    Stored per layer, heads first, in the layouts the two attention dot products read without a copy: keys
+    [b, n, h, s] (the contracted head dim before the positions, as a matrix product ``q [t, h] @ k [h, s]``
+    wants it) and values [b, n, s, h] (``weights [t, s] @ v [s, h]``). With keys [b, n, s, h], XLA:CPU
+    transposed every layer's keys in every decode step (a copy the size of the keys; 6 of them were 3-4 % of
+    the small target's step, ``benchmarks/results/small_pair/loop_profile.md``), since they are made outside
+    the decode loop and it cannot choose their layout there.
 
     Attributes:
       mask: bool[b, s], True at real (non-pad) encoder tokens.                 axes ("batch", "length")
-      cross_k: tuple of l arrays [b, n, s, h], cross-attention keys of each decoder layer (compute dtype).
+      cross_k: tuple of l arrays [b, n, h, s], cross-attention keys of each decoder layer (compute dtype).
+                                                                axes ("batch", "heads", "kv", "length")
+      cross_v: tuple of l arrays [b, n, s, h], cross-attention values.
                                                                 axes ("batch", "heads", "length", "kv")
-      cross_v: tuple of l arrays [b, n, s, h], cross-attention values.      axes as ``cross_k``
     """
     mask: jax.Array
     cross_k: tuple[jax.Array, ...]
@@ -71,7 +76,7 @@ class KVCache(NamedTuple):
 
 
 # Logical axis names of every leaf (``specjax.parallel`` maps them to mesh axes).
-ENCODED_AXES = Encoded(mask=("batch", "length"), cross_k=("batch", "heads", "length", "kv"),
+ENCODED_AXES = Encoded(mask=("batch", "length"), cross_k=("batch", "heads", "kv", "length"),
                        cross_v=("batch", "heads", "length", "kv"))
 CACHE_AXES = KVCache(k=("batch", "heads", "length", "kv"), v=("batch", "heads", "length", "kv"))
 
@@ -219,14 +224,22 @@ class Projections(nn.Module):
         k, v = self.kv(x)
         return jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
 
-    def attend(self, q_btnh, k_bnsh, v_bnsh, bias_bnts):
+    def kv_memory(self, x):
+        """[b, s, d] -> keys [b, n, h, s], values [b, n, s, h]: the cross-attention memory, in the layouts
+        ``attend(..., keys_hs=True)`` reads without a copy (``Encoded``)."""
+        k, v = self.kv(x)
+        return jnp.transpose(k, (0, 2, 3, 1)), jnp.swapaxes(v, 1, 2)
+
+    def attend(self, q_btnh, k_bnsh, v_bnsh, bias_bnts, keys_hs: bool = False):
         """Softmax attention (float32 scores, no 1/sqrt(h) scaling) -> [b, t, d].
 
         Keys and values are heads-first [b, n, s, h], so both dot products have their batch dims (b, n)
         leading and read the (large) keys and values without a transpose; only the small q and output move.
+        ``keys_hs``: the keys are [b, n, h, s] instead (``kv_memory``).
         """
         cfg = self.config
-        scores = jnp.einsum("btnh,bnsh->bnts", q_btnh, k_bnsh, preferred_element_type=jnp.float32)
+        scores = jnp.einsum("btnh,bnhs->bnts" if keys_hs else "btnh,bnsh->bnts", q_btnh, k_bnsh,
+                            preferred_element_type=jnp.float32)
         weights = jax.nn.softmax(scores + bias_bnts, axis=-1).astype(cfg.compute_dtype)
         out_btnh = jnp.einsum("bnts,bnsh->btnh", weights, v_bnsh)
         return self.out(out_btnh.reshape(out_btnh.shape[:2] + (cfg.num_heads * cfg.head_dim,)))
@@ -282,8 +295,8 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg)
 
     def cross_kv(self, encoded_bsd):
-        """[b, s, d] -> cross-attention keys, values [b, n, s, h]."""
-        return self.encoder_decoder_attention.kv_heads_first(encoded_bsd)
+        """[b, s, d] -> cross-attention keys [b, n, h, s], values [b, n, s, h] (``Encoded``)."""
+        return self.encoder_decoder_attention.kv_memory(encoded_bsd)
 
     def __call__(self, x, self_kv, self_bias, cross_kv, cross_bias, write):
         """x: [b, k, d]; self_kv: cached (k, v) [b, n, L, h]; write(cache, new) stores the window.
@@ -299,7 +312,8 @@ class DecoderLayer(nn.Module):
         with jax.named_scope("cross_attention"):
             y = self.pre_cross_attention_layer_norm(x)
             x = x + _dropout(self, self.encoder_decoder_attention.attend(
-                self.encoder_decoder_attention.q(y), cross_kv[0], cross_kv[1], cross_bias), self.dropout_rate)
+                self.encoder_decoder_attention.q(y), cross_kv[0], cross_kv[1], cross_bias, keys_hs=True),
+                self.dropout_rate)
         with jax.named_scope("mlp"):
             x = x + _dropout(self, self.mlp(self.pre_mlp_layer_norm(x)), self.dropout_rate)
         return x, (k, v)
@@ -342,7 +356,7 @@ class Decoder(nn.Module):
             self.logits_dense = Dense(cfg.vocab_size, ("embed", "vocab"), cfg)
 
     def cross_kv(self, encoded_bsd):
-        """[b, s, d] -> (keys, values): tuples of l arrays [b, n, s, h]."""
+        """[b, s, d] -> (keys, values): tuples of l arrays [b, n, h, s] and [b, n, s, h]."""
         ks, vs = zip(*(layer.cross_kv(encoded_bsd) for layer in self.layers))
         return tuple(ks), tuple(vs)
 
@@ -473,7 +487,7 @@ def encode(config: T5Config, params: Params, encoder_input_tokens) -> Encoded:
       params: the parameter pytree (t5x names, without the ``params`` collection key).
       encoder_input_tokens: int32[b, s], right-padded with ``pad_id``.
     Returns:
-      ``Encoded`` (mask [b, s], cross_k/cross_v tuples of l arrays [b, n, s, h]).
+      ``Encoded`` (mask [b, s], cross_k tuple of l arrays [b, n, h, s], cross_v of l arrays [b, n, s, h]).
     Raises:
       ValueError: tokens outside the vocabulary or not a 2-D int array (checked when concrete).
     """
