@@ -189,6 +189,53 @@ def test_greedy_identity_with_cache_dependent_hand_made_models():
         assert 0 < r.acceptance_rate < 1
 
 
+@pytest.mark.parametrize("threshold", [None, 0.6])
+def test_model_draft_catch_up_after_partial_and_full_acceptance(threshold):
+    """``ModelDraft``'s cache across iterations: its first step is one token ``d[n]`` while every row already
+    holds ``d[n-1]``, and the 2-token window ``[d[n-1], d[n]]`` when some row accepted every draft (the draft
+    never consumed its last token). Driven through scripted accept counts (full and partial, differing
+    between rows, so both branches run, at n = 0 and later), every proposal must equal the Trigram draft's
+    greedy continuation of the emitted prefix computed in NumPy: a cache that missed ``d[n-1]`` or held a stale
+    token gives other tokens (or NaN logits). With a confidence threshold the rows draft 1 to γ tokens and
+    accept at most what they drafted."""
+    from specjax.decoding.drafts import ModelDraft
+    from specjax.decoding.loop import split_rows
+    from specjax.decoding.inputs import row_keys
+    from specjax.sampling import SamplingParams
+
+    v, b, T, g = 11, 3, 40, 3
+    rng = np.random.default_rng(7)
+    table = rng.normal(size=(v, v, v)).astype(np.float32) * 3
+    table[:, :, EOS] = -100.0  # the draft never proposes EOS
+    params = jnp.asarray(table)
+    draft = ModelDraft(Trigram(v), confidence_threshold=threshold)
+    context, carry = draft.start(params, np.zeros((b, 2), np.int32), T + g + 1)
+    sequences, n = np.zeros((b, T), np.int32), np.zeros((b,), np.int32)
+    sampling = SamplingParams.broadcast(b, 0.0)
+    keys = split_rows(row_keys(jax.random.PRNGKey(0), b), g)  # [g, b, 2]; greedy rows do not read them
+    schedule = [[1, 0, 2], [g, 0, 1], [1, 2, 0], [0, g, g], [2, 1, 0], [g, g, g], [0, 0, 0], [2, g, 1]]
+    branches = set()
+    for accept in schedule:
+        branches.add(bool(np.any(n > np.asarray(carry[1]))))  # True: the 2-token window runs
+        proposal, carry = draft.propose(params, context, carry, jnp.asarray(sequences), jnp.asarray(n), keys,
+                                        sampling, g)
+        tokens, lengths = np.asarray(proposal.tokens), np.asarray(proposal.lengths)
+        for i in range(b):
+            d = [0] + list(sequences[i, :n[i]])  # decoder inputs d[0..n]
+            prev, cur = (d[-2] if len(d) > 1 else 0), d[-1]
+            want = []
+            for _ in range(g):
+                want.append(int(np.argmax(table[prev, cur])))
+                prev, cur = cur, want[-1]
+            assert 1 <= lengths[i] <= g and (threshold is not None or lengths[i] == g)
+            np.testing.assert_array_equal(tokens[i, :lengths[i]], want[:lengths[i]])
+            a = min(accept[i], int(lengths[i]))
+            nxt = 2 + (tokens[i, a] - 1) % (v - 2) if a < lengths[i] else int(rng.integers(2, v))  # != x_{a+1}
+            sequences[i, n[i]:n[i] + a + 1] = list(tokens[i, :a]) + [nxt]
+            n[i] += a + 1
+    assert branches == {False, True}
+
+
 # ----------------------------------------------------------------------------------------------------------
 # 2. Exactness end to end with tiny T5 models (enumeration of every sequence)
 

@@ -5,16 +5,22 @@ Legend for shapes (STYLE.md): ``b`` batch, ``s`` encoder length, ``T`` max_decod
 
 ``ModelDraft``: a small draft model samples ``x_1..x_g`` autoregressively (Leviathan et al. 2023, Alg. 1).
 Its cache invariant (per row, ``n`` = tokens emitted so far; the decoder input sequence is ``d[0] = pad_id``,
-``d[j] = sequences[j - 1]``): the draft cache holds ``d[0..n-2]`` at the start of an iteration (one slot less
-than the target's: after a full accept it never consumed ``x_g``), so its first step each iteration is a
-2-token window ``[d[n-1], d[n]]`` at positions ``n-1, n`` (at ``n = 0``: ``[d[0], d[0]]`` at ``0, 1``, the stale
-slot 1 being rewritten later), then ``g - 1`` one-token steps feed ``x_1..x_{g-1}``. Rolling back a rejected
-suffix is just the next iteration's smaller ``n``: stale slots are masked, then overwritten.
+``d[j] = sequences[j - 1]``): the draft cache holds ``d[0..n-2]`` at the start of an iteration, and also
+``d[n-1]`` unless the previous iteration accepted every draft (the draft never consumed ``x_g``). Its carry
+records which: ``limit`` int32[b], the first slot it has not written (``n + g`` after drafting from ``n``),
+so ``d[n-1]`` is in the cache iff ``n <= limit``. Its first step each iteration is therefore one token
+``d[n]`` at position ``n`` when every row has ``n <= limit``, else (some row accepted all) a 2-token window
+``[d[n-1], d[n]]`` at positions ``n-1, n`` (rewriting ``d[n-1]`` where it was already there); a run-time
+``lax.cond``. On this CPU a 2-row window of the small draft costs 1.4x a one-token step alone and ~2x beside
+the target (``benchmarks/loop_composition.py``), and at α ≈ 0.8 and γ 3-5 most iterations reject a draft.
+Then ``g - 1`` one-token steps feed ``x_1..x_{g-1}``. Rolling back a rejected suffix is just the next
+iteration's smaller ``n``: stale slots are masked, then overwritten.
 
 ``ModelDraft(confidence_threshold=c)`` drafts ``L <= g`` tokens per row (a nested while loop, shapes fixed at
-``g``): the cache then holds correct slots up to ``n + L - 1``, and the next iteration starts at
-``n' <= n + L + 1``, so it needs slots ``<= n' - 2 <= n + L - 1`` only; what a stopped row writes in later
-steps lands in stale slots (masked, then overwritten), and the invariant holds.
+``g``): the cache then holds correct slots up to ``n + L - 1`` (``limit = n + L``), and the next iteration
+starts at ``n' <= n + L + 1``, so it needs slots ``<= n' - 2 <= n + L - 1``, and ``n' - 1`` too unless
+``n' > limit``; what a stopped row writes in later steps lands in stale slots (masked, then overwritten), and
+the invariant holds.
 
 ``PromptLookupDraft``: no model; copies the tokens that followed the most recent earlier occurrence of the
 row's last emitted n-gram in its encoder input or its own output (Saxena 2023, "prompt lookup decoding";
@@ -115,21 +121,44 @@ class ModelDraft:
             object.__setattr__(self, "confidence_threshold", float(c))
 
     def start(self, params, encoder_input_tokens, cache_length):
-        """(encoded inputs, empty cache [.., b, L, ..])."""
+        """(encoded inputs, carry): the carry is (empty cache [.., b, L, ..], ``limit`` int32[b] zeros: no slot
+        written yet)."""
         b = encoder_input_tokens.shape[0]
-        return self.model.encode(params, encoder_input_tokens), self.model.init_cache(b, cache_length)
+        return (self.model.encode(params, encoder_input_tokens),
+                (self.model.init_cache(b, cache_length), jnp.zeros((b,), jnp.int32)))
 
-    def propose(self, params, encoded, cache, sequences, positions, keys, sampling, gamma):
-        """keys uint32[g, b, 2] (one per draft step) -> (``Proposal`` with p float32[b, g, v], cache)."""
-        pad_id, n, b = self.model.pad_id, positions, positions.shape[0]
-        start = jnp.maximum(n - 1, 0)
-        window = jnp.stack([decoder_input_at(sequences, start, pad_id), decoder_input_at(sequences, n, pad_id)], 1)
-        logits2, cache = self.model.decode(params, encoded, window, cache, start)  # [b, 2, v]
-        first_logits = logits2[jnp.arange(b), n - start]  # [b, v]
+    def _catch_up(self, params, encoded, cache, sequences, n, limit):
+        """The draft's logits at position ``n`` (float32[b, v]) and its cache holding ``d[0..n]``: one token
+        ``d[n]`` at ``n`` when every row already holds ``d[n-1]`` (``n <= limit``), else the 2-token window
+        ``[d[n-1], d[n]]`` at ``n-1, n`` (at ``n = 0``: ``[d[0], d[0]]`` at ``0, 1``, slot 1 stale). Chosen at
+        run time (``lax.cond``)."""
+        pad_id, b = self.model.pad_id, n.shape[0]
+
+        def one(cache):
+            logits, cache = self.model.decode(params, encoded, decoder_input_at(sequences, n, pad_id)[:, None],
+                                              cache, n)
+            return logits[:, 0], cache
+
+        def two(cache):
+            start = jnp.maximum(n - 1, 0)
+            window = jnp.stack([decoder_input_at(sequences, start, pad_id),
+                                decoder_input_at(sequences, n, pad_id)], 1)  # [b, 2]
+            logits2, cache = self.model.decode(params, encoded, window, cache, start)  # [b, 2, v]
+            return logits2[jnp.arange(b), n - start], cache
+
+        return jax.lax.cond(jnp.any(n > limit), two, one, cache)
+
+    def propose(self, params, encoded, carry, sequences, positions, keys, sampling, gamma):
+        """carry (cache, limit int32[b]), keys uint32[g, b, 2] (one per draft step) -> (``Proposal`` with
+        p float32[b, g, v], (cache, limit))."""
+        n, b = positions, positions.shape[0]
+        cache, limit = carry
+        first_logits, cache = self._catch_up(params, encoded, cache, sequences, n, limit)  # [b, v]
         if self.confidence_threshold is not None:
             x1, p1 = _draw(keys[0], first_logits, sampling)
-            return self._propose_until_unsure(params, encoded, cache, sequences, n, keys, sampling, gamma,
-                                              first_logits, x1, p1)
+            proposal, cache = self._propose_until_unsure(params, encoded, cache, sequences, n, keys, sampling,
+                                                         gamma, first_logits, x1, p1)
+            return proposal, (cache, n + proposal.lengths)
 
         def steps(draw, cache):
             """The γ draws, the first from the catch-up window's logits, then γ − 1 one-token steps."""
@@ -150,7 +179,7 @@ class ModelDraft:
         # scan body costs its dispatch γ times per iteration (measured: benchmarks/results/loop_overhead.md).
         tokens, probs, cache = jax.lax.cond(sampling.all_greedy(), lambda c: steps(_draw_greedy, c),
                                             lambda c: steps(_draw_sampled, c), cache)
-        return Proposal(tokens, probs, jnp.full((b,), gamma, jnp.int32)), cache
+        return Proposal(tokens, probs, jnp.full((b,), gamma, jnp.int32)), (cache, n + gamma)
 
     def _propose_until_unsure(self, params, encoded, cache, sequences, n, keys, sampling, gamma, first_logits,
                               x1, p1):

@@ -39,7 +39,7 @@ class SpecState(NamedTuple):
 
     Attributes:
       target_cache: the target's cache; holds ``d[0..n-1]``.
-      draft_carry: the draft source's carry (a draft model's cache).
+      draft_carry: the draft source's carry (a draft model's cache and the first slot it has not written).
       positions: int32[b] ``n``, tokens emitted so far; ``d[n]`` is the next decoder input.
       sequences: int32[b, T] emitted tokens, pad after the row's end.
       done: bool[b] finished (EOS emitted or T reached); finished rows stop changing.
