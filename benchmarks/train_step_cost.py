@@ -3,7 +3,7 @@ plain bfloat16 einsums, side by side in one process (alternating, repeated).
 
 The step is `specjax.train`'s jitted step (AdamW, dropout 0.1, bfloat16 activations: the small target's
 recipe, `specjax/assets/small_pair/TRAINING.md`) on random batches of the two bucket shapes that make most of a
-Multi30k epoch at 2,048 tokens ([128, 16] and [85, 24]). "plain" replaces `specjax.models.t5._matmul` by
+Multi30k epoch at 2,048 tokens ([128, 16] and [85, 24]). "plain" replaces `specjax.models.t5._dense_matmul` by
 `jnp.einsum` while its step is traced: every bfloat16 dot of the forward and backward passes then has a bfloat16
 output, which XLA:CPU runs as converts and a float32 dot. Prints the median and minimum seconds per step of each
 and the ratio.
@@ -38,14 +38,14 @@ def make_step(config, plain: bool):
     rng = np.random.default_rng(0)
     batches = [(rng.integers(2, config.vocab_size, s).astype(np.int32),
                 rng.integers(2, config.vocab_size, s).astype(np.int32)) for s in SHAPES]
-    original = t5._matmul
+    original = t5._dense_matmul
     if plain:
-        t5._matmul = lambda spec, x, y: jnp.einsum(spec, x, y)
+        t5._dense_matmul = lambda x, kernel: jnp.einsum("...i,io->...o", x, kernel)
     try:
         for enc, dec in batches:  # trace and compile every shape now, under the chosen matmul
             jax.block_until_ready(step(params, opt_state, enc, dec, None, np.int32(5), np.float32(1.0)))
     finally:
-        t5._matmul = original
+        t5._dense_matmul = original
     return step, params, opt_state, batches
 
 

@@ -292,7 +292,7 @@ def test_cached_teacher_log_probs_equal_the_teachers_own_and_the_same_distill_lo
 
 
 def test_bfloat16_matmul_equals_the_plain_einsum_forward_and_backward():
-    """``t5._matmul`` (Dense's product: bfloat16 x bfloat16 -> float32 dots, forward and backward, for XLA:CPU's
+    """``t5._dense_matmul`` (Dense's product: bfloat16 x bfloat16 -> float32 dots, forward and backward, for XLA:CPU's
     native bfloat16 path) gives the plain bfloat16 einsum's values and gradients: both accumulate in float32
     and round once to bfloat16, so they agree to one bfloat16 rounding (rtol 2^-7) and mostly exactly; float32
     operands take the plain einsum."""
@@ -302,17 +302,16 @@ def test_bfloat16_matmul_equals_the_plain_einsum_forward_and_backward():
     from specjax.models import t5
 
     rng = np.random.default_rng(0)
-    spec = "...i,io->...o"
     x = jnp.asarray(rng.standard_normal((3, 5, 64)), jnp.bfloat16)
     w = jnp.asarray(rng.standard_normal((64, 48)), jnp.bfloat16)
 
     def loss(mm):
-        return lambda x, w: jnp.sum(jnp.sin(mm(spec, x, w).astype(jnp.float32)))
+        return lambda x, w: jnp.sum(jnp.sin(mm(x, w).astype(jnp.float32)))
 
-    plain = lambda s, a, b: jnp.einsum(s, a, b)
-    got, want = jax.jit(t5._matmul, static_argnums=0)(spec, x, w), jnp.einsum(spec, x, w)
+    plain = lambda a, b: jnp.einsum("...i,io->...o", a, b)
+    got, want = jax.jit(t5._dense_matmul)(x, w), plain(x, w)
     assert got.dtype == jnp.bfloat16 and got.shape == (3, 5, 48)
-    grads = jax.jit(jax.grad(loss(t5._matmul), (0, 1)))(x, w)
+    grads = jax.jit(jax.grad(loss(t5._dense_matmul), (0, 1)))(x, w)
     refs = jax.jit(jax.grad(loss(plain), (0, 1)))(x, w)
     for a, b in [(got, want), *zip(grads, refs)]:
         a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
@@ -320,5 +319,4 @@ def test_bfloat16_matmul_equals_the_plain_einsum_forward_and_backward():
         assert np.mean(a == b) > 0.9
     assert [g.dtype for g in grads] == [jnp.bfloat16, jnp.bfloat16]
     x32 = jnp.asarray(rng.standard_normal((2, 64)), jnp.float32)
-    np.testing.assert_array_equal(t5._matmul(spec, x32, w.astype(jnp.float32)),
-                                  jnp.einsum(spec, x32, w.astype(jnp.float32)))
+    np.testing.assert_array_equal(t5._dense_matmul(x32, w.astype(jnp.float32)), plain(x32, w.astype(jnp.float32)))

@@ -129,44 +129,44 @@ def _dropout(module: nn.Module, x, rate: float):
     return jnp.where(keep, x / (1.0 - rate), 0.0).astype(x.dtype)
 
 
-def _matmul(spec: str, x, y):
-    """``jnp.einsum(spec, x, y)`` for the model's matrix products (``spec`` "A,B->C", every index of each
-    operand in the other operand or the output), in the operands' dtype.
+def _dense_matmul(x, kernel):
+    """``x [..., i] @ kernel [i, o]`` in the operands' dtype (``Dense``).
 
-    float32 operands: the plain einsum. Lower-precision operands (bfloat16): the same values as the plain
-    einsum, forward and backward (each product accumulated in float32, rounded once to bfloat16; bfloat16 is
-    exact in float32), but every dot, the backward pass's included, is a bfloat16 x bfloat16 -> float32 dot,
-    which XLA:CPU runs natively (AVX512-BF16: ~1,000 GFLOP/s here for [2048, 512] x [512, 1024]) where it
-    rewrites a bfloat16 -> bfloat16 dot into converts and a float32 dot (~470 GFLOP/s).
+    float32 operands: the plain einsum. bfloat16 operands: the plain einsum's values, forward and backward
+    (each product accumulated in float32 and rounded once to bfloat16; bfloat16 is exact in float32), but every
+    dot, the backward pass's two included (a custom VJP), is bfloat16 x bfloat16 -> float32, which XLA:CPU runs
+    natively (AVX512-BF16: ~1,000 GFLOP/s here for [2048, 512] x [512, 1024]) where it rewrites a bfloat16 ->
+    bfloat16 dot into converts and a float32 dot (~470 GFLOP/s): the small target's training step 0.7x.
+    Only for these 2-D-kernel products: XLA:CPU's plain dot thunk (batched attention dots with the decode loops'
+    options) has no bfloat16 x bfloat16 -> float32 kernel.
     """
-    if x.dtype == jnp.float32 or x.dtype != y.dtype:
-        return jnp.einsum(spec, x, y)
-    return _low_precision_einsum(spec, x, y)
+    if x.dtype == jnp.float32 or x.dtype != kernel.dtype:
+        return jnp.einsum("...i,io->...o", x, kernel)
+    return _bf16_dense_matmul(x, kernel)
 
 
-def _accumulate_f32(spec: str, x, y, dtype):
+def _f32_accumulated(spec: str, x, y, dtype):
     return jnp.einsum(spec, x, y, preferred_element_type=jnp.float32).astype(dtype)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _low_precision_einsum(spec: str, x, y):
-    return _accumulate_f32(spec, x, y, x.dtype)
+@jax.custom_vjp
+def _bf16_dense_matmul(x, kernel):
+    return _f32_accumulated("...i,io->...o", x, kernel, x.dtype)
 
 
-def _low_precision_einsum_fwd(spec, x, y):
-    return _accumulate_f32(spec, x, y, x.dtype), (x, y)
+def _bf16_dense_matmul_fwd(x, kernel):
+    return _bf16_dense_matmul(x, kernel), (x, kernel)
 
 
-def _low_precision_einsum_bwd(spec, residuals, g):
-    """Cotangents of "A,B->C": dx = "C,B->A"(g, y), dy = "A,C->B"(x, g), each accumulated in float32."""
-    x, y = residuals
-    inputs, out = spec.split("->")
-    a, b = inputs.split(",")
-    return (_accumulate_f32(f"{out},{b}->{a}", g.astype(x.dtype), y, x.dtype),
-            _accumulate_f32(f"{a},{out}->{b}", x, g.astype(x.dtype), y.dtype))
+def _bf16_dense_matmul_bwd(residuals, g):
+    """dx [..., i] = g [..., o] @ kernel^T, dkernel [i, o] = x^T @ g (summed over the leading dims)."""
+    x, kernel = residuals
+    g = g.astype(x.dtype)
+    return (_f32_accumulated("...o,io->...i", g, kernel, x.dtype),
+            _f32_accumulated("...i,...o->io", x, g, kernel.dtype))
 
 
-_low_precision_einsum.defvjp(_low_precision_einsum_fwd, _low_precision_einsum_bwd)
+_bf16_dense_matmul.defvjp(_bf16_dense_matmul_fwd, _bf16_dense_matmul_bwd)
 
 
 def _param(module: nn.Module, name: str, init, shape, axes, dtype):
@@ -198,7 +198,7 @@ class Dense(nn.Module):
         cfg = self.config
         base = nn.initializers.variance_scaling(self.init_scale, "fan_in", "truncated_normal")
         kernel = _param(self, "kernel", base, (x.shape[-1], self.features), self.axes, cfg.weight_dtype)
-        return _matmul("...i,io->...o", x, kernel.astype(cfg.compute_dtype))
+        return _dense_matmul(x, kernel.astype(cfg.compute_dtype))
 
 
 class RelativePositionBias(nn.Module):
