@@ -22,6 +22,9 @@ STAGES=${STAGES:-"target draft_reference draft_distilled bleu ship"}
 # "target_more" (eleventh session on): the shipped target (step 2,250, test BLEU 23.2) trained on to TARGET_MORE_STEPS
 # in $RUNS/small_target2 (a new cosine schedule over the whole run, entered at step 2,250; TRAINING.md says why);
 # not in the default STAGES: run it by name, STAGES=target_more.
+# "target_ls" (fourteenth session on): the target from scratch under a small-data recipe, dropout 0.3 + label
+# smoothing 0.1 (the target_more run overfit Multi30k at dropout 0.1: TRAINING.md), in $RUNS/small_target3;
+# run it by name, STAGES=target_ls.
 SPECJAX=${SPECJAX:-specjax}
 PY=${PY:-python}
 NICE=(env --default-signal=INT nice -n 19)      # SIGINT stays deliverable under nohup: Ctrl-C/kill -INT saves state
@@ -31,6 +34,7 @@ TARGET_STEPS=${TARGET_STEPS:-2250}               # 7.7 epochs of Multi30k (292 b
 DRAFT_REF_STEPS=${DRAFT_REF_STEPS:-1500}         # 5.1 epochs (the mini pair's: 2,500; cut for the session's time, TRAINING.md)
 DRAFT_DISTILL_STEPS=${DRAFT_DISTILL_STEPS:-1000}  # the mini pair's: 2,000; cut for the session's time (TRAINING.md)
 TARGET_MORE_STEPS=${TARGET_MORE_STEPS:-9000}     # ~31 epochs in all: test BLEU 30 needs far more than 7.7 epochs (TRAINING.md)
+TARGET_LS_STEPS=${TARGET_LS_STEPS:-8760}         # 30 epochs of 292 batches: the usual length of a dropout-0.3 Multi30k run
 
 done_() { [ -f "$EXPORTS/$1/model.safetensors" ]; }
 # A model already committed into $SHIP (the finished target, from the ninth session on) counts as done on a new
@@ -48,13 +52,20 @@ log() { echo "[$(date '+%F %T')] $*"; }
 RESUME=${RESUME:-benchmarks/small_pair_resume/target}
 
 RESUME_MORE=${RESUME_MORE:-benchmarks/small_pair_resume/target_more}  # the same for stage target_more
+RESUME_LS=${RESUME_LS:-benchmarks/small_pair_resume/target_ls}        # the same for stage target_ls
 
 # `checkpoint` stops the target run (SIGINT saves state.msgpack) and exports its portable resume point;
-# `checkpoint_more` does the same for stage target_more. `export_more` exports without stopping the run.
-if [ "${1:-}" = checkpoint ] || [ "${1:-}" = checkpoint_more ] || [ "${1:-}" = export_more ]; then
-  if [ "$1" = checkpoint ]; then run=$RUNS/small_target; dest=$RESUME; else run=$RUNS/small_target2; dest=$RESUME_MORE; fi
+# `checkpoint_more` / `checkpoint_ls` do the same for stages target_more / target_ls; `export_more` /
+# `export_ls` export without stopping the run.
+case "${1:-}" in
+  checkpoint) run=$RUNS/small_target; dest=$RESUME ;;
+  checkpoint_more|export_more) run=$RUNS/small_target2; dest=$RESUME_MORE ;;
+  checkpoint_ls|export_ls) run=$RUNS/small_target3; dest=$RESUME_LS ;;
+  *) run= ;;
+esac
+if [ -n "$run" ]; then
   pid=$(pgrep -f "specjax train --run-dir $run " || true)
-  if [ -n "$pid" ] && [ "$1" != export_more ]; then
+  if [ -n "$pid" ] && [[ "$1" != export_* ]]; then
     kill -INT $pid; while kill -0 $pid 2>/dev/null; do sleep 2; done
   fi
   "$PY" benchmarks/export_run.py "$run" "$dest" --vocab "$VOCAB"
@@ -96,6 +107,21 @@ if want target_more; then
   fi
 fi
 
+if want target_ls; then
+  if done_ target_ls; then log "target_ls: $EXPORTS/target_ls exists, skipped"; else
+    resume=()
+    if [ ! -f "$RUNS/small_target3/state.msgpack" ] && [ -f "$RESUME_LS/STEP" ]; then
+      resume=(--init-from "$RESUME_LS" --start-step "$(cat "$RESUME_LS/STEP")")
+      log "target_ls: no state.msgpack; continuing from the portable resume point (step $(cat "$RESUME_LS/STEP"))"
+    fi
+    log "target_ls: training to step $TARGET_LS_STEPS (resumes from $RUNS/small_target3)"
+    "${NICE[@]}" "$SPECJAX" train --run-dir "$RUNS/small_target3" --model small-target --vocab "$VOCAB" \
+      --steps "$TARGET_LS_STEPS" --tokens-per-batch 2048 --learning-rate 5e-4 --warmup-steps 400 --seed 0 \
+      --dropout 0.3 --label-smoothing 0.1 --compute-dtype bfloat16 --snapshot-every 250 --save-every 50 \
+      "${resume[@]}" --export "$EXPORTS/target_ls" --export-dtype bfloat16
+  fi
+fi
+
 if want draft_reference; then
   if done_ draft_reference; then log "draft_reference: exists, skipped"; else
     log "draft_reference: cross-entropy on the references (resumes from $RUNS/small_draft_ref)"
@@ -123,7 +149,9 @@ if want average; then
   # stage target_more (every 250 steps) as a bfloat16 export in $EXPORTS/target_avg, and its BLEU (val, test)
   # appended to $EXPORTS/bleu.txt. Measured at step 4,000: +0.9 validation BLEU over the newest snapshot alone.
   # Not in the default STAGES: run it by name, STAGES=average.
-  "$PY" benchmarks/average_snapshots.py "$EXPORTS/target_avg" --last "${AVERAGE_LAST:-4}" "$RUNS/small_target2" \
+  # AVERAGE_RUN: the run directory whose snapshots are averaged (small_target2: stage target_more; small_target3:
+  # stage target_ls).
+  "$PY" benchmarks/average_snapshots.py "$EXPORTS/target_avg" --last "${AVERAGE_LAST:-4}" "$RUNS/${AVERAGE_RUN:-small_target2}" \
     --vocab "$VOCAB"
   for split in val test; do
     nice -n 19 "$PY" benchmarks/target_bleu.py "$EXPORTS/target_avg" "$split" | tee -a "$EXPORTS/bleu.txt"

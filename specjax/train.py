@@ -67,6 +67,10 @@ class TrainConfig:
         teacher's outputs).
       dropout_rate: dropout on embeddings, sub-layer outputs and final norms during training (T5's
         fine-tuning uses 0.1; the small default target overfits Multi30k without it). 0 disables it.
+      label_smoothing: ε of label smoothing (Szegedy et al. 2016, §7; Vaswani et al. 2017, §5.4 use 0.1) in
+        the "reference" objective: the training target puts 1 - ε on the reference token and ε / (vocab - 1)
+        on each other token (t5x's and fairseq's convention). 0 (default) is the plain cross-entropy. The
+        logged ``ce`` stays the plain cross-entropy, so runs with and without it compare.
       compute_dtype: dtype name of activations and matmuls in the training step ("float32" or "bfloat16";
         None: the model config's ``dtype``). Parameters, gradients' accumulation into them and the optimizer
         state stay in the config's ``param_dtype``, and the saved model config is unchanged, as in t5x's
@@ -90,6 +94,7 @@ class TrainConfig:
     log_every: int = 50
     distill_alpha: float = 1.0
     dropout_rate: float = 0.0
+    label_smoothing: float = 0.0
     compute_dtype: str | None = None
     cache_teacher: bool = True
 
@@ -98,8 +103,14 @@ class TrainConfig:
             raise ValueError(f"compute_dtype must be 'float32' or 'bfloat16', got {self.compute_dtype!r}.")
         if not 0.0 <= self.dropout_rate < 1.0:
             raise ValueError(f"dropout_rate must be in [0, 1), got {self.dropout_rate}.")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ValueError(f"label_smoothing (--label-smoothing) must be in [0, 1), got {self.label_smoothing}.")
         if self.objective not in ("reference", "distill"):
             raise ValueError(f"objective must be 'reference' or 'distill', got {self.objective!r}.")
+        if self.label_smoothing and self.objective != "reference":
+            raise ValueError("label_smoothing (--label-smoothing) applies to the 'reference' objective only: "
+                             "DistillSpec's target is the teacher's own distribution; drop it for --objective "
+                             "distill.")
         if self.num_steps < 1:
             raise ValueError(f"num_steps (--steps) must be >= 1, got {self.num_steps}.")
         if self.tokens_per_batch < BUCKETS[-1]:
@@ -215,11 +226,28 @@ def shift_right(decoder_target_tokens: jax.Array, pad_id: int = 0) -> jax.Array:
     return jnp.pad(decoder_target_tokens, ((0, 0), (1, 0)), constant_values=pad_id)[:, :-1]
 
 
-def cross_entropy_loss(logits_btv: jax.Array, targets_bt: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Mean token cross-entropy (nats) over positions with ``targets > 0``; returns (loss, token count)."""
+def cross_entropy_loss(logits_btv: jax.Array, targets_bt: jax.Array,
+                       label_smoothing: float = 0.0) -> tuple[jax.Array, jax.Array]:
+    """Mean token cross-entropy (nats) over positions with ``targets > 0``; returns (loss, token count).
+
+    Args:
+      logits_btv: float[b, t, vocab] logits (any float dtype; computed in float32).
+      targets_bt: int32[b, t] target ids, 0 (padding) where there is no target.
+      label_smoothing: ε in [0, 1): the cross-entropy to the smoothed target that puts 1 - ε on the
+        reference token and ε / (vocab - 1) on every other one (Szegedy et al. 2016, §7; the convention of
+        t5x's ``cross_entropy_with_logits`` and fairseq's ``label_smoothed_cross_entropy``, without t5x's
+        constant that shifts the minimum to 0). 0: the plain negative log-likelihood.
+
+    Returns:
+      (float32 scalar loss in nats per target token, float32 scalar count of target tokens, at least 1).
+    """
     weights = (targets_bt > 0).astype(jnp.float32)
     logp = jax.nn.log_softmax(logits_btv.astype(jnp.float32))
     nll = -jnp.take_along_axis(logp, targets_bt[..., None], axis=-1)[..., 0]
+    if label_smoothing:
+        off = label_smoothing / (logp.shape[-1] - 1)
+        # -Σ_v q_v log p_v with q = (1 - ε) at the reference and ε / (V - 1) elsewhere
+        nll = (1.0 - label_smoothing - off) * nll - off * logp.sum(axis=-1)
     count = jnp.maximum(weights.sum(), 1.0)
     return (nll * weights).sum() / count, count
 
@@ -242,7 +270,8 @@ def _optimizer(tc: TrainConfig) -> optax.GradientTransformation:
 
 
 def _make_step(config: T5Config, opt, objective: str, alpha: float, teacher_config: T5Config | None,
-               dropout_rate: float = 0.0, seed: int = 0, compute_dtype: str | None = None):
+               dropout_rate: float = 0.0, seed: int = 0, compute_dtype: str | None = None,
+               label_smoothing: float = 0.0):
     """The jitted training step ``(params, opt_state, enc, dec, teacher, step, update_scale)``.
 
     ``teacher`` (with objective "distill"): the teacher's parameters when ``teacher_config`` is given, else
@@ -267,6 +296,8 @@ def _make_step(config: T5Config, opt, objective: str, alpha: float, teacher_conf
                 teacher = jax.lax.stop_gradient(t5.logits(teacher_config, teacher_params, enc, shift_right(dec)))
             kl = distill_loss(logits, teacher, dec)
             return alpha * kl + (1 - alpha) * ce, (ce, kl, count)
+        if label_smoothing:
+            return cross_entropy_loss(logits, dec, label_smoothing)[0], (ce, jnp.zeros(()), count)
         return ce, (ce, jnp.zeros(()), count)
 
     @jax.jit  # no buffer donation: a Ctrl-C inside the call would leave the loop's params deleted, unsavable
@@ -392,7 +423,7 @@ def train(config: T5Config, tc: TrainConfig, src: Sequence[np.ndarray], tgt: Seq
     teacher_params = teacher.params if teacher is not None and cached is None else None
     train_step = _make_step(config, opt, tc.objective, tc.distill_alpha,
                             teacher.config if teacher is not None and cached is None else None, tc.dropout_rate,
-                            tc.seed, tc.compute_dtype)
+                            tc.seed, tc.compute_dtype, tc.label_smoothing)
 
     if not batches(src, tgt, tc.tokens_per_batch, tc.seed, 0):
         raise ValueError(f"{len(src)} pairs do not fill one batch of {tc.tokens_per_batch} tokens in any length "

@@ -78,6 +78,38 @@ def test_distill_loss_is_forward_kl():
     assert float(count) == 3
 
 
+def test_label_smoothed_cross_entropy_matches_numpy_soft_targets():
+    """Label smoothing (Szegedy et al. 2016, §7) against an explicit soft-target cross-entropy in NumPy: 1 - ε
+    on the reference, ε / (V - 1) on every other token, padding (target 0) excluded; ε = 0 is the plain NLL,
+    and the gradient pulls the non-reference logits up (the point of smoothing), unlike the plain loss's."""
+    import jax
+
+    rng = np.random.default_rng(1)
+    V, eps = 11, 0.1
+    s = rng.normal(size=(2, 4, V)).astype(np.float32) * 3
+    targets = np.array([[4, 2, 7, 0], [1, 10, 0, 0]])
+    logp = s - np.log(np.exp(s).sum(-1, keepdims=True))
+    q = np.full(s.shape, eps / (V - 1))
+    np.put_along_axis(q, targets[..., None], 1 - eps, -1)
+    assert np.allclose(q.sum(-1), 1.0)
+    w = targets > 0
+    want = -(q * logp).sum(-1)[w].mean()
+    got, count = tr.cross_entropy_loss(s, targets, label_smoothing=eps)
+    np.testing.assert_allclose(float(got), want, rtol=1e-5)
+    assert float(count) == w.sum()
+    plain = -np.take_along_axis(logp, targets[..., None], -1)[..., 0][w].mean()
+    np.testing.assert_allclose(float(tr.cross_entropy_loss(s, targets, label_smoothing=0.0)[0]), plain, rtol=1e-5)
+    assert abs(want - plain) > 1e-2  # the two differ on these logits, so the comparison above can fail
+    # d loss / d logits = softmax - q at each counted position, / the count; zero at padding
+    g = np.asarray(jax.grad(lambda x: tr.cross_entropy_loss(x, targets, label_smoothing=eps)[0])(s))
+    want_g = (np.exp(logp) - q) * w[..., None] / w.sum()
+    np.testing.assert_allclose(g, want_g, atol=1e-6)
+    with pytest.raises(ValueError, match="label_smoothing"):
+        tr.TrainConfig(label_smoothing=1.0)
+    with pytest.raises(ValueError, match="reference"):
+        tr.TrainConfig(objective="distill", label_smoothing=0.1)
+
+
 def test_train_refuses_bad_input(tmp_path, data_dir, capsys):
     with pytest.raises(ValueError, match="objective"):
         tr.TrainConfig(objective="magic")
