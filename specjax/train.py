@@ -21,6 +21,7 @@ atomically every ``save_every`` steps and at the end.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -36,6 +37,7 @@ import optax
 from flax import serialization
 
 from specjax.config import T5Config
+from specjax.decoding.xla_cpu import train_step_compiler_options
 from specjax.models import t5
 from specjax.models.t5 import T5Model
 
@@ -278,9 +280,9 @@ def _make_step(config: T5Config, opt, objective: str, alpha: float, teacher_conf
     the teacher's cached log-probabilities for this batch, float16[b, L, vocab] (``teacher_log_probs``).
 
     ``update_scale`` (float32 scalar) multiplies the optimizer's updates: 1 except during the re-warmup
-    after a resume from parameters alone (``train(start_step=...)``). Dropout masks come from the "rbg"
-    PRNG (XLA's RngBitGenerator; for the small target's step it measured within noise of threefry's, 12.2
-    vs 12.7 s, and dropout needs no more than it gives).
+    after a resume from parameters alone (``train(start_step=...)``). Dropout's key is an "rbg" key folded
+    with the step (``t5._dropout`` draws each mask with XLA's RngBitGenerator, Threefry). On CPU the step is
+    compiled with ``xla_cpu.train_step_compiler_options()``.
     """
     if compute_dtype is not None:
         config = config.replace(dtype=compute_dtype)
@@ -300,7 +302,8 @@ def _make_step(config: T5Config, opt, objective: str, alpha: float, teacher_conf
             return cross_entropy_loss(logits, dec, label_smoothing)[0], (ce, jnp.zeros(()), count)
         return ce, (ce, jnp.zeros(()), count)
 
-    @jax.jit  # no buffer donation: a Ctrl-C inside the call would leave the loop's params deleted, unsavable
+    # no buffer donation: a Ctrl-C inside the call would leave the loop's params deleted, unsavable
+    @functools.partial(jax.jit, compiler_options=train_step_compiler_options())
     def step(params, opt_state, enc, dec, teacher_params, step, update_scale=np.float32(1.0)):
         (loss, (ce, kl, count)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
             params, enc, dec, teacher_params, step)

@@ -157,6 +157,19 @@ def test_dropout_drops_at_the_rate_and_scales_the_rest():
     assert abs(dropped - 0.1) < 5 * np.sqrt(0.1 * 0.9 / y.size)
     np.testing.assert_allclose(y[y != 0], 1 / 0.9, rtol=1e-6)  # inverted dropout: expectation kept
     np.testing.assert_array_equal(np.asarray(Drop(0.0).apply({}, x)), np.asarray(x))  # no rng needed at 0
+    # Independent decisions: neighbours (along both axes) and the masks of two keys are both dropped at rate²;
+    # every row and column is dropped near the rate (no structure from the generator's counter). Each count
+    # is within 5 binomial standard deviations (significance ~6e-7 each, ~5e-4 for all 703 together).
+    d = y == 0
+    z = np.asarray(Drop(0.1).apply({}, x, rngs={"dropout": jax.random.PRNGKey(1)})) == 0
+    for both in (d[:, 1:] & d[:, :-1], d[1:] & d[:-1], d & z):
+        assert abs(both.mean() - 0.01) < 5 * np.sqrt(0.01 * 0.99 / both.size)
+    assert (d != z).any()
+    rows, cols = d.mean(1), d.mean(0)
+    assert np.all(np.abs(rows - 0.1) < 5 * np.sqrt(0.09 / 500)) and np.all(np.abs(cols - 0.1) < 5 * np.sqrt(0.09 / 200))
+    # the same key, the same mask; any dtype keeps it
+    y2 = np.asarray(Drop(0.1).apply({}, x.astype(jnp.bfloat16), rngs={"dropout": jax.random.PRNGKey(0)}))
+    np.testing.assert_array_equal(y2 == 0, d)
 
 
 def test_logits_with_dropout_are_random_only_in_training():

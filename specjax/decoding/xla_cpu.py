@@ -1,5 +1,5 @@
-"""XLA:CPU compile options for the decode loops: chosen from a profile, applied only on CPU, never over a
-user's ``XLA_FLAGS``.
+"""XLA:CPU compile options for the decode loops (and the training step): chosen from a profile, applied only
+on CPU, never over a user's ``XLA_FLAGS``.
 
 What the trace showed (issue 10; ``benchmarks/step_cost.py``, ``benchmarks/results/profile_after.md``): at
 batch 1 the target's (γ + 1)-token verification window spent its time in XLA:CPU's YNNPACK dot fusions
@@ -10,6 +10,11 @@ its window was 1.1× faster). So the loops are compiled with ``xla_cpu_experimen
 YNNPACK fusions) and ``xla_cpu_use_xnnpack=false`` (window 1.37× a step instead of 1.49× with the first
 alone) when the largest dot has at most ``SMALL_DOT_ROWS`` rows (``b × window``), and with XLA's
 defaults otherwise.
+
+The training step (``specjax.train``) is compiled with ``TRAIN_STEP_OPTIONS``: YNNPACK for the dots alone. A
+trace of the small target's bfloat16 step showed XLA's default YNNPACK fusions taking the loss's reductions too,
+the log-softmax's max over [2048, 8000] logits alone 108 ms of a 1.6 s step; with YNNPACK for dots only the
+step measured 1.35 s against 1.45 s (median of 6, alternating; no YNNPACK at all: 2.84 s).
 
 The options are per program (``jax.jit(..., compiler_options=...)``), so nothing global changes. They are not
 used: on any backend but CPU; when ``XLA_FLAGS`` mentions one of them (the user's choice wins); when
@@ -24,13 +29,22 @@ from typing import Callable
 
 import jax
 
-__all__ = ["SMALL_DOT_ROWS", "SMALL_DOT_OPTIONS", "YNN_FUSION_OPTION", "cpu_compiler_options", "TunedJit"]
+__all__ = ["SMALL_DOT_ROWS", "SMALL_DOT_OPTIONS", "TRAIN_STEP_OPTIONS", "YNN_FUSION_OPTION", "cpu_compiler_options",
+           "train_step_compiler_options", "TunedJit"]
 
 YNN_FUSION_OPTION = "xla_cpu_experimental_ynn_fusion_type"
 SMALL_DOT_ROWS = 32
 """Largest ``b × window`` (rows of the biggest decode dot) compiled with ``SMALL_DOT_OPTIONS`` on CPU."""
 SMALL_DOT_OPTIONS = ((YNN_FUSION_OPTION, ""), ("xla_cpu_use_xnnpack", False))
 """No YNNPACK fusions and no XNNPACK: XLA:CPU's own dot thunks (measured best for few-row dots, see above)."""
+TRAIN_STEP_OPTIONS = ((YNN_FUSION_OPTION, "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"),)
+"""YNNPACK for each dot, none of its reduction or elementwise fusions (the training step; see above)."""
+
+
+def _user_chose(options) -> bool:
+    """True when ``SPECJAX_XLA_CPU_OPTIONS=0`` or ``XLA_FLAGS`` names one of ``options`` (the user decides)."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    return os.environ.get("SPECJAX_XLA_CPU_OPTIONS", "1") == "0" or any(name in flags for name, _ in options)
 
 
 def _top_level() -> bool:
@@ -48,12 +62,17 @@ def cpu_compiler_options(rows: int) -> dict | None:
     Returns ``dict(SMALL_DOT_OPTIONS)`` on CPU for ``rows <= SMALL_DOT_ROWS``, else None (XLA's defaults);
     None on other backends, when ``XLA_FLAGS`` names one of the options, or when ``SPECJAX_XLA_CPU_OPTIONS=0``.
     """
-    flags = os.environ.get("XLA_FLAGS", "")
-    if os.environ.get("SPECJAX_XLA_CPU_OPTIONS", "1") == "0" or any(name in flags for name, _ in SMALL_DOT_OPTIONS):
-        return None
-    if rows > SMALL_DOT_ROWS or jax.default_backend() != "cpu":
+    if _user_chose(SMALL_DOT_OPTIONS) or rows > SMALL_DOT_ROWS or jax.default_backend() != "cpu":
         return None
     return dict(SMALL_DOT_OPTIONS)
+
+
+def train_step_compiler_options() -> dict | None:
+    """``dict(TRAIN_STEP_OPTIONS)`` on CPU; None on other backends, when ``XLA_FLAGS`` names the option, or when
+    ``SPECJAX_XLA_CPU_OPTIONS=0``."""
+    if _user_chose(TRAIN_STEP_OPTIONS) or jax.default_backend() != "cpu":
+        return None
+    return dict(TRAIN_STEP_OPTIONS)
 
 
 class TunedJit:

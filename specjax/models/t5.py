@@ -119,13 +119,24 @@ def relative_position_bucket(relative_position, bidirectional: bool, num_buckets
 
 
 def _dropout(module: nn.Module, x, rate: float):
-    """Training-time dropout (t5x applies it to embeddings, every sub-layer output and the final norms).
+    """Training-time inverted dropout (t5x applies it to embeddings, every sub-layer output and the final norms).
 
-    A no-op when ``rate`` is 0 (inference): no ``"dropout"`` rng is needed then.
+    Each element of ``x`` (any shape and float dtype) is kept with probability ``1 - rate`` (to 2^-32) and
+    scaled by ``1 / (1 - rate)``, else zeroed. A no-op when ``rate`` is 0 (inference): no ``"dropout"`` rng is
+    needed then.
+
+    The mask's bits come from XLA's RngBitGenerator with its Threefry algorithm (Salmon et al. 2011, the
+    generator ``jax.random``'s default keys use), keyed by 128 bits drawn from the module's ``"dropout"`` rng:
+    ``jax.random.bernoulli`` on an "rbg" key asks for XLA's default algorithm, Philox, which XLA:CPU runs
+    5x slower (8.5 vs 1.5 ms for a [128, 16, 512] mask; 34 masks were 23 % of the small target's training
+    step).
     """
     if rate == 0.0:
         return x
-    keep = jax.random.bernoulli(module.make_rng("dropout"), 1.0 - rate, x.shape)
+    key = jax.random.bits(module.make_rng("dropout"), (4,), jnp.uint32)
+    _, bits = jax.lax.rng_bit_generator(key, x.shape, dtype=jnp.uint32,
+                                        algorithm=jax.lax.RandomAlgorithm.RNG_THREE_FRY)
+    keep = bits >= jnp.uint32(min(round(rate * 2.0 ** 32), 2 ** 32 - 1))
     return jnp.where(keep, x / (1.0 - rate), 0.0).astype(x.dtype)
 
 
