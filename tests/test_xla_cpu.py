@@ -22,6 +22,15 @@ def test_options_only_for_few_rows_on_cpu(monkeypatch):
     assert xla_cpu.cpu_compiler_options(1) == dict(xla_cpu.SMALL_DOT_OPTIONS)
     assert xla_cpu.cpu_compiler_options(xla_cpu.SMALL_DOT_ROWS) == dict(xla_cpu.SMALL_DOT_OPTIONS)
     assert xla_cpu.cpu_compiler_options(xla_cpu.SMALL_DOT_ROWS + 1) is None
+    # a bfloat16 target keeps XLA's defaults (YNNPACK's bfloat16 dots), at any row count
+    import jax.numpy as jnp
+
+    assert xla_cpu.cpu_compiler_options(1, jnp.bfloat16) is None
+    assert xla_cpu.cpu_compiler_options(1, jnp.float32) == dict(xla_cpu.SMALL_DOT_OPTIONS)
+    # the weights' dtype is the largest array's (a float32 norm scale beside bfloat16 kernels reads bfloat16)
+    tree = {"scale": np.ones(4, np.float32), "kernel": jnp.ones((8, 8), jnp.bfloat16)}
+    assert xla_cpu.weights_dtype(tree) == jnp.bfloat16
+    assert xla_cpu.weights_dtype(specjax.T5Model.random(TINY, 0).params) == jnp.float32
     monkeypatch.setenv("SPECJAX_XLA_CPU_OPTIONS", "0")
     assert xla_cpu.cpu_compiler_options(1) is None
 

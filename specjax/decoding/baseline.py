@@ -75,7 +75,7 @@ def _baseline_loop(model: DecodingModel, config: DecodeConfig, params, encoder_i
 
 
 # Arguments: (model, config, params, tokens [b, s], key, sampling); one token per step: b rows per dot.
-_baseline_jit = TunedJit(_baseline_loop, (0, 1), lambda *a: a[3].shape[0])
+_baseline_jit = TunedJit(_baseline_loop, (0, 1), lambda *a: a[3].shape[0], lambda *a: a[2])
 
 
 def _baseline_args(model, encoder_input_tokens, rng, max_decode_length, temperature, top_k, top_p, eos_id,

@@ -8,8 +8,14 @@ one step (the weights are streamed once for the few rows either way; on this 2-c
 by reading the weights from memory). YNNPACK wins again once a dot has many rows (batch 32 × a 4-token window:
 its window was 1.1× faster). So the loops are compiled with ``xla_cpu_experimental_ynn_fusion_type=""`` (no
 YNNPACK fusions) and ``xla_cpu_use_xnnpack=false`` (window 1.37× a step instead of 1.49× with the first
-alone) when the largest dot has at most ``SMALL_DOT_ROWS`` rows (``b × window``), and with XLA's
-defaults otherwise.
+alone) when the largest dot has at most ``SMALL_DOT_ROWS`` rows (``b × window``) and the target computes in
+float32, and with XLA's defaults otherwise.
+
+bfloat16 is the other way round (issue 12, the small pair; `benchmarks/dtype_loops.py`): XLA:CPU's own dot
+thunks have no native bfloat16 kernel, while YNNPACK's run bfloat16 x bfloat16 -> float32 with AVX512-BF16. With
+the options above a bfloat16 target's speculative loop was slower than the float32 target's (γ 3: 0.90x the
+float32 baseline); with XLA's defaults the same loop ran 1.57x (γ 3) and 1.77x (γ 5) the float32 baseline,
+2.0-2.2x the bfloat16 baseline (12 Multi30k lines, batch 1, one process, alternating).
 
 The training step (``specjax.train``) is compiled with ``TRAIN_STEP_OPTIONS``: YNNPACK for the dots alone. A
 trace of the small target's bfloat16 step showed XLA's default YNNPACK fusions taking the loss's reductions too,
@@ -28,9 +34,10 @@ import os
 from typing import Callable
 
 import jax
+import jax.numpy as jnp
 
 __all__ = ["SMALL_DOT_ROWS", "SMALL_DOT_OPTIONS", "TRAIN_STEP_OPTIONS", "YNN_FUSION_OPTION", "cpu_compiler_options",
-           "train_step_compiler_options", "TunedJit"]
+           "train_step_compiler_options", "weights_dtype", "TunedJit"]
 
 YNN_FUSION_OPTION = "xla_cpu_experimental_ynn_fusion_type"
 SMALL_DOT_ROWS = 32
@@ -56,15 +63,24 @@ def _top_level() -> bool:
     return trace_state_clean()
 
 
-def cpu_compiler_options(rows: int) -> dict | None:
-    """The compile options for a decode program whose largest dot has ``rows`` rows (``b × window``).
+def cpu_compiler_options(rows: int, dtype=jnp.float32) -> dict | None:
+    """The compile options for a decode program whose largest dot has ``rows`` rows (``b × window``) of
+    ``dtype`` (the target's weights' dtype).
 
-    Returns ``dict(SMALL_DOT_OPTIONS)`` on CPU for ``rows <= SMALL_DOT_ROWS``, else None (XLA's defaults);
-    None on other backends, when ``XLA_FLAGS`` names one of the options, or when ``SPECJAX_XLA_CPU_OPTIONS=0``.
+    Returns ``dict(SMALL_DOT_OPTIONS)`` on CPU for ``rows <= SMALL_DOT_ROWS`` and a float32 ``dtype``, else None
+    (XLA's defaults); None on other backends, when ``XLA_FLAGS`` names one of the options, or when
+    ``SPECJAX_XLA_CPU_OPTIONS=0``.
     """
-    if _user_chose(SMALL_DOT_OPTIONS) or rows > SMALL_DOT_ROWS or jax.default_backend() != "cpu":
+    if (_user_chose(SMALL_DOT_OPTIONS) or rows > SMALL_DOT_ROWS or jnp.dtype(dtype) != jnp.float32
+            or jax.default_backend() != "cpu"):
         return None
     return dict(SMALL_DOT_OPTIONS)
+
+
+def weights_dtype(params) -> jnp.dtype:
+    """The dtype of the largest array in a parameter tree (what the model's biggest dots read)."""
+    leaves = [x for x in jax.tree_util.tree_leaves(params) if hasattr(x, "dtype") and hasattr(x, "size")]
+    return jnp.dtype(max(leaves, key=lambda x: x.size).dtype) if leaves else jnp.dtype(jnp.float32)
 
 
 def train_step_compiler_options() -> dict | None:
@@ -77,18 +93,21 @@ def train_step_compiler_options() -> dict | None:
 
 class TunedJit:
     """``jax.jit(fn, static_argnums=...)`` that, called at top level on CPU, compiles with
-    ``cpu_compiler_options(rows(*args))``; nested in a trace it is the plain jit (inlined by the caller's).
+    ``cpu_compiler_options(rows(*args), weights_dtype(params(*args)))``; nested in a trace it is the plain jit
+    (inlined by the caller's).
 
     ``__call__``, ``lower`` and ``_cache_size`` behave as ``jax.jit``'s (the cache size sums every variant).
     """
 
-    def __init__(self, fn: Callable, static_argnums: tuple[int, ...], rows: Callable[..., int]):
-        self._fn, self._static, self._rows = fn, static_argnums, rows
+    def __init__(self, fn: Callable, static_argnums: tuple[int, ...], rows: Callable[..., int],
+                 params: Callable[..., object]):
+        self._fn, self._static, self._rows, self._params = fn, static_argnums, rows, params
         self.plain = jax.jit(fn, static_argnums=static_argnums)
         self._tuned: dict[tuple, Callable] = {}
 
     def _pick(self, args):
-        options = cpu_compiler_options(self._rows(*args)) if _top_level() else None
+        options = (cpu_compiler_options(self._rows(*args), weights_dtype(self._params(*args))) if _top_level()
+                   else None)
         if not options:
             return self.plain
         key = tuple(sorted(options.items()))

@@ -1,0 +1,78 @@
+"""The small (or mini) pair's decode loops by dtype on this CPU: target alone in float32 and in bfloat16, and
+speculative sampling with a bfloat16 or float32 target and a bfloat16 or float32 draft, side by side in one
+process (alternating line by line, each line's best of ``--repeats``).
+
+Prints each variant's total time over the lines and its ratio to both baselines, and checks that every greedy
+speculative output equals the greedy target's of the same dtype (the decode contract; a float32 and a bfloat16
+target may differ from each other). The compile options are the library's own (``specjax/decoding/xla_cpu.py``):
+what a user gets.
+
+    python benchmarks/dtype_loops.py --size small --gammas 3 5 7 --num-inputs 24
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import jax
+import numpy as np
+
+import specjax
+from specjax.bench.inputs import MULTI30K_TEST, encode_inputs, read_lines
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size", default="small", choices=["mini", "small"])
+    ap.add_argument("--gammas", type=int, nargs="+", default=[3, 5, 7])
+    ap.add_argument("--num-inputs", type=int, default=24, help="Multi30k test 2016 lines (default: 24)")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--drafts", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"],
+                    help="draft dtypes to try beside the bfloat16 target (default: both)")
+    args = ap.parse_args(argv)
+    t32, d32, tok = specjax.load_default_pair(size=args.size, dtype="float32")
+    t16, d16, _ = specjax.load_default_pair(size=args.size, dtype="bfloat16")
+    drafts = {"float32": d32, "bfloat16": d16}
+    ids = encode_inputs(tok, read_lines(MULTI30K_TEST, args.num_inputs), "", 64)
+    lines = [np.array([r + [0] * (64 - len(r))], np.int32) for r in ids]
+    T = 64
+
+    def base(t):
+        return lambda x: specjax.temperature_sample(t, x, max_decode_length=T, temperature=0.0)
+
+    def spec(t, d, g):
+        return lambda x: specjax.speculative_sample(t, d, x, gamma=g, max_decode_length=T, temperature=0.0)
+
+    fns = {"target alone, float32": (base(t32), None), "target alone, bfloat16": (base(t16), None)}
+    for g in args.gammas:
+        fns[f"γ {g}: f32 target, f32 draft"] = (spec(t32, d32, g), "target alone, float32")
+        for dd in args.drafts:
+            fns[f"γ {g}: bf16 target, {'f32' if dd == 'float32' else 'bf16'} draft"] = (
+                spec(t16, drafts[dd], g), "target alone, bfloat16")
+    outputs = {k: [] for k in fns}
+    for x in lines[:1]:
+        for k, (f, _) in fns.items():  # compile
+            jax.block_until_ready(f(x))
+    best = {k: np.full(len(lines), np.inf) for k in fns}
+    for r in range(args.repeats):
+        for j, x in enumerate(lines):
+            for k, (f, _) in fns.items():
+                t0 = time.perf_counter()
+                res = jax.block_until_ready(f(x))
+                best[k][j] = min(best[k][j], time.perf_counter() - t0)
+                if r == 0:
+                    outputs[k].append(np.asarray(res.sequences))
+    b32, b16 = best["target alone, float32"].sum(), best["target alone, bfloat16"].sum()
+    print(f"jax {jax.__version__}, {args.size} pair, batch 1, temperature 0, {len(lines)} Multi30k test lines, "
+          f"best of {args.repeats}")
+    print(f"{'decode':32} {'total ms':>9} {'vs f32 alone':>13} {'vs bf16 alone':>14} {'greedy = its target':>20}")
+    for k, (_, ref) in fns.items():
+        same = "" if ref is None else f"{sum(np.array_equal(a, b) for a, b in zip(outputs[k], outputs[ref]))}/{len(lines)}"
+        print(f"{k:32} {best[k].sum() * 1e3:9.1f} {b32 / best[k].sum():12.3f}x {b16 / best[k].sum():13.3f}x {same:>20}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
