@@ -8,13 +8,14 @@ and only their ratio is reported as a result. Nothing here asserts a time.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from specjax.decoding.xla_cpu import TunedJit
 
 __all__ = ["environment", "finish", "PairMeasurement", "measure_pair", "measure_cost_ratio", "measure_costs"]
 
@@ -211,9 +212,10 @@ def measure_pair(target, draft, batches: Sequence[np.ndarray], *, gamma: int, te
 # The cost ratio c: one decode call of each model, timed in a jitted loop as the decode loop runs it
 
 
-@functools.partial(jax.jit, static_argnums=(0, 4, 5, 6))
-def _steps(config, params, encoded, cache, k: int, n: int, b: int):
-    """n decode calls of a k-token window over b rows in one jitted loop (what the decode loop runs)."""
+def _steps_loop(config, params, encoded, cache, k: int, n: int, b: int):
+    """n decode calls of a k-token window over b rows in one jitted loop (what the decode loop runs), compiled
+    with the decode loops' own CPU options for b × k rows of the model's dtype (``decoding/xla_cpu.py``), so
+    c and window/step are those of the loops' kernels."""
     from specjax.models import t5
 
     def body(i, carry):
@@ -223,6 +225,9 @@ def _steps(config, params, encoded, cache, k: int, n: int, b: int):
         return cache, acc + logits[:, -1, 0]
 
     return jax.lax.fori_loop(0, n, body, (cache, jnp.zeros((b,), jnp.float32)))[1]
+
+
+_steps = TunedJit(_steps_loop, (0, 4, 5, 6), lambda *a: a[6] * a[4], lambda *a: a[1])
 
 
 def _time_steps(model, encoder_input_tokens, k: int, n: int, repeats: int) -> float:
