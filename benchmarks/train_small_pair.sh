@@ -122,6 +122,22 @@ if want target_ls; then
   fi
 fi
 
+if want draft_ls; then
+  # The distilled draft again, for the target of stage target_ls (a draft distilled from another target loses
+  # α): DistillSpec from the shipped distilled draft, teacher $DRAFT_TEACHER (default: the averaged export of
+  # stage average, AVERAGE_RUN=small_target3). Run it by name, STAGES=draft_ls, once the teacher is chosen.
+  teacher=${DRAFT_TEACHER:-$EXPORTS/target_avg}
+  if done_ draft_ls; then log "draft_ls: exists, skipped"; else
+    [ -f "$teacher/model.safetensors" ] || { log "draft_ls needs the teacher $teacher"; exit 1; }
+    log "draft_ls: DistillSpec forward KL from $teacher (resumes from $RUNS/small_draft_ls)"
+    "${NICE[@]}" "$SPECJAX" train --run-dir "$RUNS/small_draft_ls" --model small-draft --vocab "$VOCAB" \
+      --objective distill --teacher "$teacher" --init-from "$SHIP/draft_distilled" \
+      --steps "${DRAFT_LS_STEPS:-1500}" --tokens-per-batch 2048 --learning-rate 5e-4 --warmup-steps 100 --seed 0 \
+      --compute-dtype bfloat16 --snapshot-every 500 --save-every 100 --export "$EXPORTS/draft_ls" \
+      --export-dtype bfloat16
+  fi
+fi
+
 if want draft_reference; then
   if done_ draft_reference; then log "draft_reference: exists, skipped"; else
     log "draft_reference: cross-entropy on the references (resumes from $RUNS/small_draft_ref)"
