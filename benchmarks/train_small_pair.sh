@@ -35,6 +35,7 @@ DRAFT_REF_STEPS=${DRAFT_REF_STEPS:-1500}         # 5.1 epochs (the mini pair's: 
 DRAFT_DISTILL_STEPS=${DRAFT_DISTILL_STEPS:-1000}  # the mini pair's: 2,000; cut for the session's time (TRAINING.md)
 TARGET_MORE_STEPS=${TARGET_MORE_STEPS:-9000}     # ~31 epochs in all: test BLEU 30 needs far more than 7.7 epochs (TRAINING.md)
 TARGET_LS_STEPS=${TARGET_LS_STEPS:-8760}         # 30 epochs of 292 batches: the usual length of a dropout-0.3 Multi30k run
+DROPOUT_LS=${DROPOUT_LS:-0.15}                   # 0.3 for steps 0-3,050: it underfit (TRAINING.md), 0.15 from there on
 
 done_() { [ -f "$EXPORTS/$1/model.safetensors" ]; }
 # A model already committed into $SHIP (the finished target, from the ninth session on) counts as done on a new
@@ -117,7 +118,7 @@ if want target_ls; then
     log "target_ls: training to step $TARGET_LS_STEPS (resumes from $RUNS/small_target3)"
     "${NICE[@]}" "$SPECJAX" train --run-dir "$RUNS/small_target3" --model small-target --vocab "$VOCAB" \
       --steps "$TARGET_LS_STEPS" --tokens-per-batch 2048 --learning-rate 5e-4 --warmup-steps 400 --seed 0 \
-      --dropout 0.3 --label-smoothing 0.1 --compute-dtype bfloat16 --snapshot-every 250 --save-every 50 \
+      --dropout "$DROPOUT_LS" --label-smoothing 0.1 --compute-dtype bfloat16 --snapshot-every 250 --save-every 50 \
       "${resume[@]}" --export "$EXPORTS/target_ls" --export-dtype bfloat16
   fi
 fi
