@@ -74,10 +74,10 @@ def main(argv=None) -> int:
     handles, labels = ax.get_legend_handles_labels()
     if args.bleu:
         ax2 = ax.twinx()
-        for arg in args.bleu:
+        for i, arg in enumerate(args.bleu):
             label, path = _labelled(arg)
             steps, bleu = read_bleu(path)
-            ax2.plot(steps, bleu, "o--", label=f"{label}: validation BLEU (greedy)")
+            ax2.plot(steps, bleu, "o--", color=f"C{len(args.log) + i}", label=f"{label}: validation BLEU (greedy)")
         ax2.set_ylabel("Multi30k validation BLEU")
         h2, l2 = ax2.get_legend_handles_labels()
         handles, labels = handles + h2, labels + l2
