@@ -5,9 +5,11 @@ in nats per target token, also under label smoothing — and ``loss``, the objec
 files of ``benchmarks/target_bleu.py`` output lines (``.../step_N.msgpack val ... BLEU = x ...``), whose
 validation BLEU per snapshot step is drawn on a second axis. Nothing is computed here beyond reading.
 
-    python benchmarks/plot_training.py benchmarks/results/small_pair/target_ls_curve.png \
-        --log "dropout 0.3 + ls 0.1=benchmarks/results/small_pair/target_ls_log.jsonl" \
-        --bleu "dropout 0.3 + ls 0.1=benchmarks/results/small_pair/target_ls_bleu.txt"
+    python benchmarks/plot_training.py benchmarks/results/small_pair/training_curves.png \
+        --log "old recipe, dropout 0.1 (shipped: its step 2,250; then a new cosine to 9,000)=benchmarks/results/small_pair/target_log.jsonl" \
+        --log "target_ls: dropout 0.3/0.15 + label smoothing 0.1 (stopped at 4,495)=benchmarks/results/small_pair/target_ls_log.jsonl" \
+        --bleu "old recipe=benchmarks/results/small_pair/target_bleu.txt" \
+        --bleu "target_ls=benchmarks/results/small_pair/target_ls_bleu.txt"
 """
 
 from __future__ import annotations
