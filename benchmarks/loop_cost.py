@@ -14,6 +14,7 @@ alternately with each on ``PYTHONPATH`` (e.g. a ``git worktree`` of the older co
 ratios, not the absolute times (``benchmarks/results/loop_overhead.md``).
 
     python benchmarks/loop_cost.py --size small --gammas 3 5 7 --num-inputs 24
+    python benchmarks/loop_cost.py --size small --gammas 3 5 --dtype bfloat16 --draft-dtype float32
 """
 
 from __future__ import annotations
@@ -45,9 +46,14 @@ def main(argv=None) -> int:
     parser.add_argument("--num-inputs", type=int, default=24, help="Multi30k test lines (default: 24)")
     parser.add_argument("--repeats", type=int, default=3, help="timed passes; each line keeps its best (default: 3)")
     parser.add_argument("--width", type=int, default=64, help="inputs padded to this many tokens (default: 64)")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                        help="the target's dtype (default: float32)")
+    parser.add_argument("--draft-dtype", default=None, choices=["float32", "bfloat16"],
+                        help="the draft's dtype (default: the target's)")
     args = parser.parse_args(argv)
 
-    target, draft, tokenizer = specjax.load_default_pair(size=args.size)
+    target, draft, tokenizer = specjax.load_default_pair(size=args.size, dtype=args.dtype,
+                                                         draft_dtype=args.draft_dtype)
     ids = encode_inputs(tokenizer, read_lines(MULTI30K_TEST, args.num_inputs), "", args.width)
     lines = [np.array([row + [0] * (args.width - len(row))], np.int32) for row in ids]
     T, temp = 64, args.temperature
@@ -69,7 +75,8 @@ def main(argv=None) -> int:
                 iters[k][j] = int(np.asarray(result.num_target_calls).sum())
 
     costs = measure_costs(target, draft, lines[0], args.gammas)
-    print(f"jax {jax.__version__}, {args.size} pair, batch 1, temperature {temp:g}, {len(lines)} lines, "
+    print(f"jax {jax.__version__}, {args.size} pair ({args.dtype} target, {args.draft_dtype or args.dtype} draft), "
+          f"batch 1, temperature {temp:g}, {len(lines)} lines, "
           f"best of {args.repeats}")
     windows = ", ".join(f"γ={g} window {w * 1e3:.3f} ms" for g, w in costs["target_window_s"].items())
     print(f"isolated (jitted loops of decode calls): target step {costs['target_step_s'] * 1e3:.3f} ms, "
