@@ -215,16 +215,21 @@ def measure_pair(target, draft, batches: Sequence[np.ndarray], *, gamma: int, te
 def _steps_loop(config, params, encoded, cache, k: int, n: int, b: int):
     """n decode calls of a k-token window over b rows in one jitted loop (what the decode loop runs), compiled
     with the decode loops' own CPU options for b × k rows of the model's dtype (``decoding/xla_cpu.py``), so
-    c and window/step are those of the loops' kernels."""
+    c and window/step are those of the loops' kernels.
+
+    Each call's input is the argmax of the previous call's logits, as in the decode loops: every logit is
+    used (a loop that kept one logit let XLA slice the logits dot down to one column, which made windows and
+    draft steps look cheaper than the loops' own) and the calls form a serial chain.
+    """
     from specjax.models import t5
+    from specjax.sampling import argmax
 
     def body(i, carry):
-        cache, acc = carry
-        tokens = jnp.full((b, k), 3, jnp.int32) + (acc[:, None] > 1e30)  # data dependence: no hoisting
+        cache, tokens = carry
         logits, cache = t5.decode(config, params, encoded, tokens, cache, jnp.full((b,), i % 8, jnp.int32))
-        return cache, acc + logits[:, -1, 0]
+        return cache, argmax(logits)  # [b, k]: the next call's input depends on every logit
 
-    return jax.lax.fori_loop(0, n, body, (cache, jnp.zeros((b,), jnp.float32)))[1]
+    return jax.lax.fori_loop(0, n, body, (cache, jnp.full((b, k), 3, jnp.int32)))[1]
 
 
 _steps = TunedJit(_steps_loop, (0, 4, 5, 6), lambda *a: a[6] * a[4], lambda *a: a[1])
