@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["ASSETS", "DEFAULT_PAIR", "DEMO_GAMMA", "PAIRS", "default_size", "load_default_pair", "demo_sentences"]
+__all__ = ["ASSETS", "DEFAULT_PAIR", "DEMO_DTYPES", "DEMO_GAMMA", "PAIRS", "default_size", "load_default_pair", "demo_sentences"]
 
 ASSETS = Path(__file__).parent / "assets"
 PAIRS = {"mini": ASSETS / "default_pair", "small": ASSETS / "small_pair"}
@@ -31,8 +31,14 @@ def _shipped(size: str) -> bool:
 
 
 # The draft tokens per target call that ``specjax demo`` uses for each pair: the γ with the best measured speedup
-# at batch 1, temperature 0 on a 2-core CPU (README, "The embedded default pair"; benchmarks/results).
-DEMO_GAMMA = {"mini": 3, "small": 3}
+# at batch 1, temperature 0 on a 2-core CPU (README, "The embedded default pair"; benchmarks/results; the small
+# pair in its demo dtypes: γ 5 and 7 tie, 3 is a few % behind, benchmarks/results/small_pair/loop_profile.md).
+DEMO_GAMMA = {"mini": 3, "small": 5}
+# The (target, draft) compute dtypes ``specjax demo`` loads each pair in: the fastest speculative pairing
+# measured on a 2-core CPU. The mini target fits the CPU's cache and runs fastest in float32; the small
+# target's verification windows run on YNNPACK's bfloat16 kernels, its draft's one-row steps in float32
+# (``load_default_pair``'s ``dtype`` / ``draft_dtype``; benchmarks/dtype_loops.py).
+DEMO_DTYPES = {"mini": ("float32", "float32"), "small": ("bfloat16", "float32")}
 
 
 def default_size() -> str:

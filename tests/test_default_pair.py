@@ -103,6 +103,20 @@ def test_demo_runs_on_real_lines(capsys, data_dir):
     assert out.count("DE: ") == 3
 
 
+def test_demo_small_runs_its_fastest_dtypes(capsys, data_dir):
+    """``specjax demo --size small`` loads the target in bfloat16 and the draft in float32 (``DEMO_DTYPES``) and
+    says so; the flags override them."""
+    from specjax.cli import main
+    from specjax.defaults import DEMO_DTYPES, DEMO_GAMMA
+
+    assert DEMO_DTYPES["small"] == ("bfloat16", "float32") and DEMO_GAMMA["small"] == 5
+    assert main(["demo", "--size", "small", "--num-lines", "2"]) == 0
+    captured = capsys.readouterr()
+    assert "46.0M params, bfloat16" in captured.err and "distilled, float32" in captured.err
+    assert "gamma=5" in captured.out and captured.out.count("DE: ") == 2
+    assert "greedy outputs identical to the target alone: " in captured.out
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_alpha_agrees_with_the_accepted_tokens_per_call_at_gamma_one(temperature, data_dir):
     """Issue 14: the α the loop accumulates (mean of β = Σ min(p, q)) agrees with α inverted from the tokens per

@@ -20,7 +20,12 @@ def add_parser(sub) -> None:
     p.add_argument("--num-lines", type=int, default=24, help="sentences to translate (default 24)")
     p.add_argument("--gamma", type=int, default=None,
                    help="draft tokens per target call (default: the fastest measured on a 2-core CPU for the "
-                        "pair, specjax.defaults.DEMO_GAMMA: 3 for both)")
+                        "pair, specjax.defaults.DEMO_GAMMA: 3 for mini, 5 for small)")
+    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
+                   help="the target's compute dtype, for both decodes (default: the pair's fastest on a 2-core "
+                        "CPU, specjax.defaults.DEMO_DTYPES: float32 for mini, bfloat16 for small)")
+    p.add_argument("--draft-dtype", default=None, choices=["float32", "bfloat16"],
+                   help="the draft's compute dtype (default: specjax.defaults.DEMO_DTYPES: float32 for both)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--draft", default="distilled", choices=["distilled", "reference"],
                    help="which shipped draft: distilled (DistillSpec, default) or reference (trained on the "
@@ -33,11 +38,13 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Runs the demo; returns 0. Raises ValueError for bad flags before loading any model."""
-    from specjax.defaults import DEMO_GAMMA, default_size
+    from specjax.defaults import DEMO_DTYPES, DEMO_GAMMA, default_size
 
     size = args.size or default_size()
     if args.gamma is None:
         args.gamma = DEMO_GAMMA[size]
+    dtype, draft_dtype = DEMO_DTYPES[size]
+    dtype, draft_dtype = args.dtype or dtype, args.draft_dtype or draft_dtype
     for name in ("num_lines", "gamma", "max_decode_length"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}.")
@@ -49,10 +56,10 @@ def run(args: argparse.Namespace) -> int:
     from specjax import bench
     from specjax.defaults import demo_sentences, load_default_pair
 
-    target, draft, tokenizer = load_default_pair(args.draft, size=args.size)
+    target, draft, tokenizer = load_default_pair(args.draft, size=args.size, dtype=dtype, draft_dtype=draft_dtype)
     lines, origin = demo_sentences(args.num_lines)
-    print(f"target: {target.config.name} ({target.num_params / 1e6:.1f}M params), "
-          f"draft: {draft.config.name} ({draft.num_params / 1e6:.2f}M params, {args.draft}); "
+    print(f"target: {target.config.name} ({target.num_params / 1e6:.1f}M params, {dtype}), "
+          f"draft: {draft.config.name} ({draft.num_params / 1e6:.2f}M params, {args.draft}, {draft_dtype}); "
           f"{len(lines)} lines of {origin}", file=sys.stderr)
     batches = bench.pad_batches([tokenizer.encode(l) for l in lines], batch_size=1)
     print("compiling both decode programs first (once per input width; 20-60 s on a 2-core CPU, not counted "
@@ -63,7 +70,8 @@ def run(args: argparse.Namespace) -> int:
                                on_batch=lambda: bar.update(1))
     for src, ids in zip(lines, m.sequences("spec")):
         print(f"EN: {src}\nDE: {tokenizer.decode(ids)}\n")
-    same = all(np.array_equal(a, b) for a, b in zip(m.sequences("spec"), m.sequences("base")))
+    equal = [np.array_equal(a, b) for a, b in zip(m.sequences("spec"), m.sequences("base"))]
+    same = all(equal)
     print(f"acceptance rate alpha      {m.acceptance_rate:.3f}  (the paper's alpha: mean of beta = sum min(p, q) "
           f"over verified positions; gamma={args.gamma}, temperature={args.temperature:g})")
     print(f"accepted / drafted         {m.accepted_fraction:.3f}")
@@ -73,12 +81,15 @@ def run(args: argparse.Namespace) -> int:
     print(f"speedup                    {m.speedup:.2f}x  (same inputs, batch 1, after compilation; "
           f"compile {m.spec_compile_seconds:.1f}s + {m.base_compile_seconds:.1f}s not counted)")
     if args.temperature == 0:
-        print(f"greedy outputs identical to the target alone: {same}")
+        print(f"greedy outputs identical to the target alone: {same}"
+              + ("" if same or dtype == "float32" else
+                 f" ({sum(equal)} of {len(equal)} lines; in bfloat16 a verification window and a one-token step "
+                 "round differently, so a near-tie can go the other way; --dtype float32 is identical bit for bit)"))
     if m.speedup < 1.05:
         hint = ("a target whose weights fit the CPU's cache (the mini pair's) wins little from speculative sampling; "
                 "`--size small` is the paper's regime (a target beyond the cache)" if size == "mini" else
-                "the small pair measured 1.3-1.4x at batch 1 on a quiet 2-core CPU "
-                "(benchmarks/results/small_pair/table.md)")
+                "the small pair (bfloat16 target, float32 draft) measured 1.8-2.4x at batch 1 on a quiet 2-core "
+                "CPU (benchmarks/results/small_pair/loop_profile.md)")
         print("note: on a CPU the target's (gamma+1)-token verification window costs 1.3-2x a one-token step "
               "(about 1x on the paper's accelerators) and another job on the machine slows both sides unevenly; "
               f"{hint}. See README, 'Two sizes', and benchmarks/results/loop_overhead.md.")
