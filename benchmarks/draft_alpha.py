@@ -2,6 +2,7 @@
 
 Usage (from the repository root, data in ../shared/data):
   python benchmarks/draft_alpha.py specjax/assets/small_pair/draft_distilled RUN_DIR/snapshots/step_N.msgpack
+  python benchmarks/draft_alpha.py specjax/assets/small_pair/draft_distilled --target RUN_DIR/snapshots/step_N.msgpack
 
 Each draft (a Hugging Face directory as ``--export`` writes, or a ``specjax train`` snapshot whose config is read
 from RUN_DIR/config.json) is run with ``speculative_sample`` against the target at batch 16 on the first
@@ -40,8 +41,12 @@ def main():
     p.add_argument("--size", default="small", choices=["mini", "small"], help="whose target (default: small)")
     p.add_argument("--num-inputs", type=int, default=256, help="validation lines (default: 256)")
     p.add_argument("--gamma", type=int, default=5, help="γ (default: 5)")
+    p.add_argument("--target", default=None,
+                   help="another target: a checkpoint directory or a training snapshot (default: the pair's own)")
     a = p.parse_args()
     target, _, tok = specjax.load_default_pair(size=a.size)
+    if a.target:
+        target = load(a.target)
     lines = open("../shared/data/train/multi30k/val.en", encoding="utf-8").read().splitlines()[:a.num_inputs]
     batches = bench.pad_batches([tok.encode(s)[:63] for s in lines], batch_size=16)
     for path in a.drafts:
