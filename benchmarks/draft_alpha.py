@@ -1,4 +1,4 @@
-"""The paper's α of one or more drafts against the small (or mini) pair's target, on Multi30k val lines.
+"""The paper's α of one or more drafts against the small (or mini) pair's target, on Multi30k lines.
 
 Usage (from the repository root, data in ../shared/data):
   python benchmarks/draft_alpha.py specjax/assets/small_pair/draft_distilled RUN_DIR/snapshots/step_N.msgpack
@@ -6,7 +6,7 @@ Usage (from the repository root, data in ../shared/data):
 
 Each draft (a Hugging Face directory as ``--export`` writes, or a ``specjax train`` snapshot whose config is read
 from RUN_DIR/config.json) is run with ``speculative_sample`` against the target at batch 16 on the first
-``--num-inputs`` validation lines (the training never sees them), γ 5, at temperatures 0 and 1, and the
+``--num-inputs`` validation lines (``--split test``: test 2016 lines; the training sees neither), γ 5, at temperatures 0 and 1, and the
 acceptance rate α (Leviathan et al. 2023, §3.1: the mean of β = Σ_x min(p(x), q(x)) over verified positions,
 accumulated in the loop) is printed per draft. α does not depend on the machine's speed, so this runs beside a
 training job.
@@ -39,15 +39,18 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("drafts", nargs="+", help="draft checkpoints or snapshots")
     p.add_argument("--size", default="small", choices=["mini", "small"], help="whose target (default: small)")
-    p.add_argument("--num-inputs", type=int, default=256, help="validation lines (default: 256)")
+    p.add_argument("--num-inputs", type=int, default=256, help="lines (default: 256)")
     p.add_argument("--gamma", type=int, default=5, help="γ (default: 5)")
+    p.add_argument("--split", default="val", choices=["val", "test"],
+                   help="Multi30k validation (default) or test 2016 lines")
     p.add_argument("--target", default=None,
                    help="another target: a checkpoint directory or a training snapshot (default: the pair's own)")
     a = p.parse_args()
     target, _, tok = specjax.load_default_pair(size=a.size)
     if a.target:
         target = load(a.target)
-    lines = open("../shared/data/train/multi30k/val.en", encoding="utf-8").read().splitlines()[:a.num_inputs]
+    name = {"val": "val", "test": "test_2016_flickr"}[a.split]
+    lines = open(f"../shared/data/train/multi30k/{name}.en", encoding="utf-8").read().splitlines()[:a.num_inputs]
     batches = bench.pad_batches([tok.encode(s)[:63] for s in lines], batch_size=16)
     for path in a.drafts:
         draft = load(path)
@@ -60,7 +63,7 @@ def main():
                 beta += float(np.sum(out.beta_sum))
                 verified += float(np.sum(out.num_verified))
             print(f"{path}  temperature {temperature:g}: α = {beta / verified:.4f} "
-                  f"({int(verified)} verified positions, {len(lines)} lines, γ {a.gamma})", flush=True)
+                  f"({int(verified)} verified positions, {len(lines)} {a.split} lines, γ {a.gamma})", flush=True)
 
 
 if __name__ == "__main__":
