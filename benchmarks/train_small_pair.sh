@@ -149,7 +149,8 @@ if want draft_ls; then
     log "draft_ls: DistillSpec forward KL from $teacher (resumes from $RUNS/small_draft_ls)"
     "${NICE[@]}" "$SPECJAX" train --run-dir "$RUNS/small_draft_ls" --model small-draft --vocab "$VOCAB" \
       --objective distill --teacher "$teacher" --init-from "$SHIP/draft_distilled" \
-      ${DRAFT_LS_MAX_EXAMPLES:+--max-examples "$DRAFT_LS_MAX_EXAMPLES"} --steps "${DRAFT_LS_STEPS:-1500}" --tokens-per-batch 2048 --learning-rate 5e-4 --warmup-steps 100 --seed 0 \
+      ${DRAFT_LS_MAX_EXAMPLES:+--max-examples "$DRAFT_LS_MAX_EXAMPLES"} --steps "${DRAFT_LS_STEPS:-1500}" \
+      --tokens-per-batch 2048 --learning-rate 5e-4 --warmup-steps 100 --seed 0 \
       --compute-dtype bfloat16 --snapshot-every 500 --save-every 100 --export "$EXPORTS/draft_ls" \
       --export-dtype bfloat16
   fi
