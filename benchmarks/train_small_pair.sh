@@ -28,6 +28,8 @@ STAGES=${STAGES:-"target draft_reference draft_distilled bleu ship"}
 # "target_tok" (seventeenth session on): the twelfth session's GPU recipe (4,096 target tokens a batch, peak 4e-4,
 # dropout 0.1, bfloat16 activations) on the CPU, TARGET_TOK_STEPS long, in $RUNS/tok4096; the best test BLEU
 # trained here (TRAINING.md, sixteenth and seventeenth sessions). Run it by name, STAGES=target_tok.
+# "draft_shallow" (eighteenth session on): the distilled draft with 2 decoder layers, the one shipped since;
+# run it by name, STAGES=draft_shallow, after draft_ls.
 SPECJAX=${SPECJAX:-specjax}
 PY=${PY:-python}
 NICE=(env --default-signal=INT nice -n 19)      # SIGINT stays deliverable under nohup: Ctrl-C/kill -INT saves state
@@ -142,16 +144,40 @@ if want draft_ls; then
   # α): DistillSpec from the shipped distilled draft, teacher $DRAFT_TEACHER (default: the averaged export of
   # stage average, AVERAGE_RUN=small_target3). Run it by name, STAGES=draft_ls, once the teacher is chosen.
   # DRAFT_LS_MAX_EXAMPLES: distil on the first N training pairs only (the teacher's greedy outputs, the costly
-  # part, then take N/29,000 of the time; seventeenth session: 14,500).
+  # part, then take N/29,000 of the time; seventeenth session: 14,500). DRAFT_LS_INIT: the 4-decoder-layer
+  # draft it starts from (default: the shipped reference draft; the seventeenth session started from the then
+  # shipped 4-layer distilled draft, `git show 6ef0e25:specjax/assets/small_pair/draft_distilled/...`).
   teacher=${DRAFT_TEACHER:-$EXPORTS/target_avg}
   if done_ draft_ls; then log "draft_ls: exists, skipped"; else
     [ -f "$teacher/model.safetensors" ] || { log "draft_ls needs the teacher $teacher"; exit 1; }
     log "draft_ls: DistillSpec forward KL from $teacher (resumes from $RUNS/small_draft_ls)"
     "${NICE[@]}" "$SPECJAX" train --run-dir "$RUNS/small_draft_ls" --model small-draft --vocab "$VOCAB" \
-      --objective distill --teacher "$teacher" --init-from "$SHIP/draft_distilled" \
+      --objective distill --teacher "$teacher" --init-from "${DRAFT_LS_INIT:-$SHIP/draft_reference}" \
       ${DRAFT_LS_MAX_EXAMPLES:+--max-examples "$DRAFT_LS_MAX_EXAMPLES"} --steps "${DRAFT_LS_STEPS:-1500}" \
       --tokens-per-batch 2048 --learning-rate 5e-4 --warmup-steps 100 --seed 0 \
       --compute-dtype bfloat16 --snapshot-every 500 --save-every 100 --export "$EXPORTS/draft_ls" \
+      --export-dtype bfloat16
+  fi
+fi
+
+if want draft_shallow; then
+  # The shipped distilled draft from the eighteenth session on: 2 decoder layers instead of 4 (a CPU draft step
+  # costs per op, so per layer), started from the first and last decoder layers of a 4-layer draft distilled
+  # for the same teacher (DRAFT_SHALLOW_FROM, default: stage draft_ls's export) and distilled on all 29,000
+  # pairs for 2,000 steps at peak 7e-4 (1,500 more at peak 3e-4 moved α by less than its noise: TRAINING.md).
+  # Run it by name, STAGES=draft_shallow (DRAFT_TEACHER as for draft_ls).
+  teacher=${DRAFT_TEACHER:-$EXPORTS/target_avg}
+  from=${DRAFT_SHALLOW_FROM:-$EXPORTS/draft_ls}
+  if done_ draft_shallow; then log "draft_shallow: exists, skipped"; else
+    [ -f "$teacher/model.safetensors" ] || { log "draft_shallow needs the teacher $teacher"; exit 1; }
+    [ -f "$RUNS/draft_shallow_init/model.safetensors" ] || {
+      [ -f "$from/model.safetensors" ] || { log "draft_shallow needs a 4-layer draft in $from"; exit 1; }
+      "$PY" benchmarks/select_layers.py "$from" "$RUNS/draft_shallow_init" --decoder-layers 0 3; }
+    log "draft_shallow: DistillSpec forward KL from $teacher, 2 decoder layers (resumes from $RUNS/small_draft_shallow)"
+    "${NICE[@]}" "$SPECJAX" train --run-dir "$RUNS/small_draft_shallow" --model small-draft-shallow \
+      --vocab "$VOCAB" --objective distill --teacher "$teacher" --init-from "$RUNS/draft_shallow_init" \
+      --steps 2000 --tokens-per-batch 2048 --learning-rate 7e-4 --warmup-steps 100 --seed 0 \
+      --compute-dtype bfloat16 --snapshot-every 250 --save-every 100 --export "$EXPORTS/draft_shallow" \
       --export-dtype bfloat16
   fi
 fi

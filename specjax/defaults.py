@@ -6,8 +6,9 @@ Two sizes, each a target with two drafts, sharing one 8000-piece SentencePiece v
   1.45M. Its float32 decoder (28 MB) fits this CPU class's L3 cache, so speculation wins little on a CPU;
   the tests use it because it is fast.
 - "small" (``specjax/assets/small_pair``, issue 12): target 46.0M parameters (d_model 512, 8 heads, MLP
-  1024, 6+6 layers: T5 1.1 small's shape with an 8k vocabulary; 99.6 MiB float32 decoder), drafts 4.94M
-  (d_model 128, 6+4 layers, 1/10.4 of the target's per-token multiply-adds). The paper's regime on a laptop.
+  1024, 6+6 layers: T5 1.1 small's shape with an 8k vocabulary; 99.6 MiB float32 decoder), a distilled draft
+  of 4.28M (d_model 128, 6+2 layers, 1/14.2 of the target's per-token multiply-adds) and a reference draft of
+  4.94M (6+4 layers, 1/10.4). The paper's regime on a laptop.
 
 The checkpoints ship inside the package as Hugging Face safetensors directories in bfloat16, with their
 vocabulary, so a new user needs no download. How they were made: ``TRAINING.md`` beside each.
@@ -32,8 +33,9 @@ def _shipped(size: str) -> bool:
 
 # The draft tokens per target call that ``specjax demo`` uses for each pair: the γ with the best measured speedup
 # at batch 1, temperature 0 on a 2-core CPU (README, "The embedded default pair"; benchmarks/results; the small
-# pair in its demo dtypes: γ 5 and 7 tie, 3 is a few % behind, benchmarks/results/small_pair/loop_profile.md).
-DEMO_GAMMA = {"mini": 3, "small": 5}
+# pair in its demo dtypes with its 2-decoder-layer draft: γ 7 and 8 tie, 5 is 5-10 % behind and 6 behind 5 (a
+# 7-row window is slower than 6 or 8 rows on YNNPACK), benchmarks/results/small_pair/session18).
+DEMO_GAMMA = {"mini": 3, "small": 7}
 # The (target, draft) compute dtypes ``specjax demo`` loads each pair in: the fastest speculative pairing
 # measured on a 2-core CPU. The mini target fits the CPU's cache and runs fastest in float32; the small
 # target's verification windows run on YNNPACK's bfloat16 kernels, its draft's one-row steps in float32
@@ -62,8 +64,8 @@ def load_default_pair(draft: str = "distilled", dtype: str = "float32", size: st
         bfloat16 (its verification windows run on YNNPACK's bfloat16 kernels: ``decoding/xla_cpu.py``);
         greedy speculative output equals the target's bit for bit in float32, and up to bfloat16 rounding
         (a window and a step round differently: a near-tie may go the other way) in bfloat16.
-      size: "mini" (target 13.5M parameters, drafts 1.45M) or "small" (target 46.0M, drafts 4.94M);
-        None: ``default_size()``.
+      size: "mini" (target 13.5M parameters, drafts 1.45M) or "small" (target 46.0M, distilled draft 4.28M,
+        reference draft 4.94M); None: ``default_size()``.
       draft_dtype: the draft's dtype; None: ``dtype``. A float32 draft beside a bfloat16 target was the
         fastest speculative pairing on CPU (one-row float32 dots beat bfloat16's there); the draft's dtype
         never changes what the output's distribution is, only how often its proposals are accepted.

@@ -109,11 +109,11 @@ def test_demo_small_runs_its_fastest_dtypes(capsys, data_dir):
     from specjax.cli import main
     from specjax.defaults import DEMO_DTYPES, DEMO_GAMMA
 
-    assert DEMO_DTYPES["small"] == ("bfloat16", "float32") and DEMO_GAMMA["small"] == 5
+    assert DEMO_DTYPES["small"] == ("bfloat16", "float32") and DEMO_GAMMA["small"] == 7
     assert main(["demo", "--size", "small", "--num-lines", "2"]) == 0
     captured = capsys.readouterr()
     assert "46.0M params, bfloat16" in captured.err and "distilled, float32" in captured.err
-    assert "gamma=5" in captured.out and captured.out.count("DE: ") == 2
+    assert "gamma=7" in captured.out and captured.out.count("DE: ") == 2
     assert "greedy outputs identical to the target alone: " in captured.out
 
 
@@ -149,8 +149,9 @@ def test_alpha_agrees_with_the_accepted_tokens_per_call_at_gamma_one(temperature
 
 
 def test_sizes_and_the_default_size():
-    """``load_default_pair(size=...)``: "mini" is the 13.5M/1.45M pair; "small" is the 46.0M/4.94M pair, shipped
-    in bfloat16, opt-in; the CLI's default is "mini"."""
+    """``load_default_pair(size=...)``: "mini" is the 13.5M/1.45M pair; "small" is the 46.0M target with a 4.28M
+    distilled draft (2 decoder layers, eighteenth session) and a 4.94M reference draft (4), shipped in bfloat16,
+    opt-in; the CLI's default is "mini"."""
     from specjax import defaults
 
     target, draft, _ = load_default_pair(size="mini")
@@ -162,8 +163,12 @@ def test_sizes_and_the_default_size():
     assert defaults._shipped("small"), "specjax/assets/small_pair is incomplete"
     assert defaults.default_size() == "mini"
     target, draft, _ = load_default_pair(size="small")
-    assert (round(target.num_params / 1e6, 1), round(draft.num_params / 1e6, 2)) == (46.0, 4.94)
-    assert per_token_decode_macs(target.config) >= 10 * per_token_decode_macs(draft.config)
+    assert (round(target.num_params / 1e6, 1), round(draft.num_params / 1e6, 2)) == (46.0, 4.28)
+    assert (draft.config.num_encoder_layers, draft.config.num_decoder_layers) == (6, 2)
+    assert per_token_decode_macs(target.config) >= 14 * per_token_decode_macs(draft.config)
+    _, reference, _ = load_default_pair("reference", size="small")
+    assert round(reference.num_params / 1e6, 2) == 4.94
+    assert per_token_decode_macs(target.config) >= 10 * per_token_decode_macs(reference.config)
     # Shipped in bfloat16 (issue 12): the target's float32 decoder is beyond a 32 MB L3 cache, its files are not.
     from safetensors import safe_open
     with safe_open(str(defaults.PAIRS["small"] / "target" / "model.safetensors"), "np") as f:
@@ -180,8 +185,9 @@ def test_small_pair_greedy_speculative_equals_greedy_target_on_multi30k(data_dir
 
 
 def test_bfloat16_greedy_speculative_equals_greedy_target_up_to_rounding(data_dir):
-    """A bfloat16 target on CPU runs its verification windows and its one-token steps on different YNNPACK
-    kernels (``decoding/xla_cpu.py``), which round differently; greedy speculative output then equals greedy
+    """A bfloat16 target on CPU runs its verification windows and its one-token steps on different kernels
+    (``decoding/xla_cpu.py``: the windows on YNNPACK's bfloat16 dots, the one-row steps on XLA's float32 dots of
+    weights it converts once per call), which round differently; greedy speculative output then equals greedy
     target output except where the two round a near-tie differently. Checked on 48 Multi30k test lines at batch
     1 (the path that differs): every line is identical, or first differs at a position where both tokens are
     the target's top two and their logits (teacher-forced, bfloat16) lie within 4 bfloat16 ulps of each other.

@@ -27,8 +27,8 @@ def add_parser(sub) -> None:
     p.add_argument("--vocab-size", type=int, default=8000,
                    help="pieces when training the vocabulary (default: 8000)")
     p.add_argument("--model", default="target", choices=[*_model_sizes(), *PRESETS],
-                   help="model size: the mini pair's 'target' or 'draft', the small pair's 'small-target' or "
-                        "'small-draft', or a T5 preset name (default: target)")
+                   help="model size: the mini pair's 'target' or 'draft', the small pair's 'small-target', "
+                        "'small-draft' or 'small-draft-shallow', or a T5 preset name (default: target)")
     p.add_argument("--model-config", metavar="JSON",
                    help="model size from a JSON file instead of --model: T5Config fields (e.g. {\"d_model\": 512, "
                         "\"num_heads\": 8, ...}; fields left out take T5Config's defaults), a run directory's "
@@ -102,6 +102,13 @@ def _model_sizes():
                                  num_encoder_layers=6, num_decoder_layers=6, name="specjax_small_target_ende"),
         "small-draft": T5Config(vocab_size=8000, d_model=128, num_heads=4, head_dim=32, mlp_dim=512,
                                 num_encoder_layers=6, num_decoder_layers=4, name="specjax_small_draft_ende"),
+        # The small pair's shipped distilled draft from the eighteenth session on: the same with 2 decoder
+        # layers (1.61M per-token multiply-adds, 1/14.2 of the target), its first and last layers kept
+        # (benchmarks/select_layers.py) and distilled again; a draft step on a CPU is mostly per-op overhead,
+        # so the decoder's depth is what it costs (TRAINING.md, eighteenth session).
+        "small-draft-shallow": T5Config(vocab_size=8000, d_model=128, num_heads=4, head_dim=32, mlp_dim=512,
+                                        num_encoder_layers=6, num_decoder_layers=2,
+                                        name="specjax_small_draft_ende"),
     }
 
 
