@@ -165,7 +165,8 @@ if want draft_shallow; then
   # costs per op, so per layer), started from the first and last decoder layers of a 4-layer draft distilled
   # for the same teacher (DRAFT_SHALLOW_FROM, default: stage draft_ls's export) and distilled on all 29,000
   # pairs for 2,000 steps at peak 7e-4 (1,500 more at peak 3e-4 moved α by less than its noise: TRAINING.md).
-  # Run it by name, STAGES=draft_shallow (DRAFT_TEACHER as for draft_ls).
+  # Run it by name, STAGES=draft_shallow (DRAFT_TEACHER as for draft_ls). Shipping it is by hand: its export
+  # $EXPORTS/draft_shallow becomes $SHIP/draft_distilled (stage ship copies only the three original stages).
   teacher=${DRAFT_TEACHER:-$EXPORTS/target_avg}
   from=${DRAFT_SHALLOW_FROM:-$EXPORTS/draft_ls}
   if done_ draft_shallow; then log "draft_shallow: exists, skipped"; else
