@@ -21,7 +21,6 @@ import pathlib
 import re
 import shutil
 
-import jax.numpy as jnp
 from flax import traverse_util
 
 from specjax.checkpoints import load_checkpoint, save_checkpoint
@@ -35,7 +34,8 @@ def select_layers(model: T5Model, stack: str, keep: list[int]) -> T5Model:
     Raises:
       SystemExit: an index outside the stack, a repeated index, or an empty ``keep``.
     """
-    count = model.config.num_decoder_layers if stack == "decoder" else model.config.num_encoder_layers
+    field = "num_decoder_layers" if stack == "decoder" else "num_encoder_layers"
+    count = getattr(model.config, field)
     if not keep or len(set(keep)) != len(keep) or any(not 0 <= i < count for i in keep):
         raise SystemExit(f"--{stack}-layers {keep}: give distinct indices in [0, {count}) (the {stack} has "
                          f"{count} layers).")
@@ -47,7 +47,6 @@ def select_layers(model: T5Model, stack: str, keep: list[int]) -> T5Model:
             out[key] = value
         elif int(m.group(1)) in new_index:
             out[f"{stack}/layers_{new_index[int(m.group(1))]}/{m.group(2)}"] = value
-    field = "num_decoder_layers" if stack == "decoder" else "num_encoder_layers"
     config = dataclasses.replace(model.config, **{field: len(keep)})
     return T5Model(config, traverse_util.unflatten_dict(out, sep="/"))
 
@@ -70,9 +69,8 @@ def main(argv=None) -> None:
     vocab = args.input / "spiece.model"
     if vocab.exists():
         shutil.copy(vocab, args.output / "spiece.model")
-    n = sum(int(jnp.size(x)) for x in traverse_util.flatten_dict(model.params).values())
     print(f"{args.output}: {model.config.num_encoder_layers} encoder + {model.config.num_decoder_layers} decoder "
-          f"layers, {n:,} parameters")
+          f"layers, {model.num_params:,} parameters")
 
 
 if __name__ == "__main__":

@@ -141,7 +141,7 @@ fi
 
 if want draft_ls; then
   # The distilled draft again, for the target of stage target_ls (a draft distilled from another target loses
-  # α): DistillSpec from the shipped distilled draft, teacher $DRAFT_TEACHER (default: the averaged export of
+  # α): DistillSpec from a 4-layer draft (DRAFT_LS_INIT, below), teacher $DRAFT_TEACHER (default: the averaged export of
   # stage average, AVERAGE_RUN=small_target3). Run it by name, STAGES=draft_ls, once the teacher is chosen.
   # DRAFT_LS_MAX_EXAMPLES: distil on the first N training pairs only (the teacher's greedy outputs, the costly
   # part, then take N/29,000 of the time; seventeenth session: 14,500). DRAFT_LS_INIT: the 4-decoder-layer

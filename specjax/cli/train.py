@@ -89,7 +89,7 @@ def _model_sizes():
     # vocabulary. Draft: d 64, 4 encoder + 2 decoder layers: 0.66M per-token decode multiply-adds vs the
     # target's 6.77M (1/10.3; the 8k-way logits alone are 0.51M). The encoder runs once per input, so its
     # depth is not part of the per-token cost.
-    return {
+    sizes = {
         "target": T5Config(vocab_size=8000, d_model=256, num_heads=4, head_dim=64, mlp_dim=1024,
                            num_encoder_layers=4, num_decoder_layers=4, name="specjax_target_ende"),
         "draft": T5Config(vocab_size=8000, d_model=64, num_heads=2, head_dim=32, mlp_dim=256,
@@ -102,14 +102,13 @@ def _model_sizes():
                                  num_encoder_layers=6, num_decoder_layers=6, name="specjax_small_target_ende"),
         "small-draft": T5Config(vocab_size=8000, d_model=128, num_heads=4, head_dim=32, mlp_dim=512,
                                 num_encoder_layers=6, num_decoder_layers=4, name="specjax_small_draft_ende"),
-        # The small pair's shipped distilled draft from the eighteenth session on: the same with 2 decoder
-        # layers (1.61M per-token multiply-adds, 1/14.2 of the target), its first and last layers kept
-        # (benchmarks/select_layers.py) and distilled again; a draft step on a CPU is mostly per-op overhead,
-        # so the decoder's depth is what it costs (TRAINING.md, eighteenth session).
-        "small-draft-shallow": T5Config(vocab_size=8000, d_model=128, num_heads=4, head_dim=32, mlp_dim=512,
-                                        num_encoder_layers=6, num_decoder_layers=2,
-                                        name="specjax_small_draft_ende"),
     }
+    # The small pair's shipped distilled draft from the eighteenth session on: the same with 2 decoder
+    # layers (1.61M per-token multiply-adds, 1/14.2 of the target), its first and last layers kept
+    # (benchmarks/select_layers.py) and distilled again; a draft step on a CPU is mostly per-op overhead,
+    # so the decoder's depth is what it costs (TRAINING.md, eighteenth session).
+    sizes["small-draft-shallow"] = sizes["small-draft"].replace(num_decoder_layers=2)
+    return sizes
 
 
 def load_model_config(path: str | Path):
