@@ -59,6 +59,8 @@ def main(argv=None) -> int:
     ap.add_argument("out", help="the PNG to write")
     ap.add_argument("--log", action="append", required=True, metavar="[LABEL=]LOG_JSONL")
     ap.add_argument("--bleu", action="append", default=[], metavar="[LABEL=]BLEU_TXT")
+    ap.add_argument("--tokens-per-batch", type=int, default=2048,
+                    help="the runs' --tokens-per-batch, for the x axis label (default: 2048)")
     args = ap.parse_args(argv)
     import matplotlib
 
@@ -70,7 +72,7 @@ def main(argv=None) -> int:
         label, path = _labelled(arg)
         steps, ce = read_log(path)
         ax.plot(steps, ce, label=f"{label}: training cross-entropy")
-    ax.set_xlabel("step (2,048 target tokens each)")
+    ax.set_xlabel(f"step ({args.tokens_per_batch:,} target tokens each)")
     ax.set_ylabel("training cross-entropy (nats / token)")
     ax.grid(alpha=0.3)
     handles, labels = ax.get_legend_handles_labels()
