@@ -135,25 +135,19 @@ if want target_ls; then
   fi
 fi
 
-if want target_tok; then
-  if done_ target_tok; then log "target_tok: $EXPORTS/target_tok exists, skipped"; else
-    log "target_tok: training to step $TARGET_TOK_STEPS (resumes from $RUNS/tok4096)"
-    "${NICE[@]}" "$SPECJAX" train --run-dir "$RUNS/tok4096" --model small-target --vocab "$VOCAB" \
-      --steps "$TARGET_TOK_STEPS" --tokens-per-batch 4096 --learning-rate 4e-4 --warmup-steps 300 --seed 0 \
-      --dropout 0.1 --compute-dtype bfloat16 --snapshot-every 100 --save-every 100 \
-      --export "$EXPORTS/target_tok" --export-dtype bfloat16
-  fi
-fi
-
-if want target_tok_ls; then
-  if done_ target_tok_ls; then log "target_tok_ls: $EXPORTS/target_tok_ls exists, skipped"; else
-    log "target_tok_ls: training to step $TARGET_TOK_LS_STEPS (resumes from $RUNS/tok_ls)"
-    "${NICE[@]}" "$SPECJAX" train --run-dir "$RUNS/tok_ls" --model small-target --vocab "$VOCAB" \
-      --steps "$TARGET_TOK_LS_STEPS" --tokens-per-batch 4096 --learning-rate 4e-4 --warmup-steps 300 --seed 0 \
-      --dropout 0.1 --label-smoothing 0.1 --compute-dtype bfloat16 --snapshot-every 125 --save-every 50 \
-      --export "$EXPORTS/target_tok_ls" --export-dtype bfloat16
-  fi
-fi
+# The 4,096-token recipe (peak 4e-4, warmup 300, dropout 0.1, bfloat16 activations), shared by target_tok and
+# target_tok_ls: tok4096 EXPORT_NAME RUN_SUBDIR STEPS SNAPSHOT_EVERY SAVE_EVERY [more specjax train flags].
+tok4096() {
+  local name=$1 run=$RUNS/$2 steps=$3 snapshot=$4 save=$5; shift 5
+  if done_ "$name"; then log "$name: $EXPORTS/$name exists, skipped"; return; fi
+  log "$name: training to step $steps (resumes from $run)"
+  "${NICE[@]}" "$SPECJAX" train --run-dir "$run" --model small-target --vocab "$VOCAB" \
+    --steps "$steps" --tokens-per-batch 4096 --learning-rate 4e-4 --warmup-steps 300 --seed 0 \
+    --dropout 0.1 --compute-dtype bfloat16 --snapshot-every "$snapshot" --save-every "$save" "$@" \
+    --export "$EXPORTS/$name" --export-dtype bfloat16
+}
+if want target_tok; then tok4096 target_tok tok4096 "$TARGET_TOK_STEPS" 100 100; fi
+if want target_tok_ls; then tok4096 target_tok_ls tok_ls "$TARGET_TOK_LS_STEPS" 125 50 --label-smoothing 0.1; fi
 
 if want draft_ls; then
   # The distilled draft again, for the target of stage target_ls (a draft distilled from another target loses
