@@ -78,6 +78,14 @@ class TrainConfig:
         state stay in the config's ``param_dtype``, and the saved model config is unchanged, as in t5x's
         bfloat16-activation training. bfloat16 measured 0.84x the float32 step time for the small target
         on this 2-core CPU (benchmarks/small_pair_probe.py).
+      embedding_lr_multiplier: the shared token embedding's learning rate (and so its decoupled weight decay)
+        is ``learning_rate`` times this; every other parameter's is ``learning_rate``. t5x initialises the
+        embedding at unit scale (RMS 1) and its kernels at fan-in scale (RMS d^-1/2, 0.044 at d 512), and
+        trains T5 with Adafactor, whose updates are proportional to each parameter's RMS (Shazeer & Stern
+        2018, §8 "relative step size"), so the embedding moves as fast relative to its size as the kernels do.
+        Adam's updates are not: with 1 (the default, plain AdamW) the small target's embedding moved 1.3 %
+        from its initialisation in 1,300 steps against 20-35 % for the kernels (TRAINING.md, twentieth
+        session). ``d_model ** 0.5`` (22.6 at d 512) restores Adafactor's ratio for the embedding alone.
       cache_teacher: with "distill", compute the teacher's log-probabilities at every target position of
         every pair once (``teacher_log_probs``: float16 on disk in the run directory) instead of running the
         teacher's forward pass in every step. The teacher is deterministic (no dropout), so this is the same
@@ -98,6 +106,7 @@ class TrainConfig:
     dropout_rate: float = 0.0
     label_smoothing: float = 0.0
     compute_dtype: str | None = None
+    embedding_lr_multiplier: float = 1.0
     cache_teacher: bool = True
 
     def __post_init__(self):
@@ -113,6 +122,9 @@ class TrainConfig:
             raise ValueError("label_smoothing (--label-smoothing) applies to the 'reference' objective only: "
                              "DistillSpec's target is the teacher's own distribution; drop it for --objective "
                              "distill.")
+        if not self.embedding_lr_multiplier > 0.0:
+            raise ValueError(f"embedding_lr_multiplier (--embedding-lr-multiplier) must be > 0, got "
+                             f"{self.embedding_lr_multiplier}.")
         if self.num_steps < 1:
             raise ValueError(f"num_steps (--steps) must be >= 1, got {self.num_steps}.")
         if self.tokens_per_batch < BUCKETS[-1]:
@@ -267,8 +279,32 @@ def _optimizer(tc: TrainConfig) -> optax.GradientTransformation:
     schedule = optax.warmup_cosine_decay_schedule(0.0, tc.learning_rate, tc.warmup_steps,
                                                   max(tc.num_steps, tc.warmup_steps + 1),
                                                   end_value=tc.learning_rate * 0.1)
-    return optax.chain(optax.clip_by_global_norm(1.0),
-                       optax.adamw(schedule, b1=0.9, b2=0.98, weight_decay=tc.weight_decay))
+    chain = [optax.clip_by_global_norm(1.0),
+             optax.adamw(schedule, b1=0.9, b2=0.98, weight_decay=tc.weight_decay)]
+    if tc.embedding_lr_multiplier != 1.0:  # appended only then: runs without it keep their optimizer state's layout
+        chain.append(_scale_embedding_updates(tc.embedding_lr_multiplier))
+    return optax.chain(*chain)
+
+
+EMBEDDING = ("token_embedder", "embedding")  # t5x's name of the shared token embedding
+
+
+def _scale_embedding_updates(multiplier: float) -> optax.GradientTransformation:
+    """Multiply the updates of the shared token embedding (``EMBEDDING``) by ``multiplier``, others by 1.
+
+    After ``optax.adamw`` this is a parameter group with ``multiplier`` times the learning rate (PyTorch's
+    param-group semantics: the decoupled weight decay scales with it). Stateless.
+    """
+    def update(updates, state, params=None):
+        del params
+        if EMBEDDING[0] not in updates or EMBEDDING[1] not in updates[EMBEDDING[0]]:
+            raise ValueError(f"embedding_lr_multiplier: the parameters have no {'/'.join(EMBEDDING)}.")
+        inner = dict(updates[EMBEDDING[0]])
+        u = inner[EMBEDDING[1]]
+        inner[EMBEDDING[1]] = (u * multiplier).astype(u.dtype)
+        return {**updates, EMBEDDING[0]: inner}, state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
 def _make_step(config: T5Config, opt, objective: str, alpha: float, teacher_config: T5Config | None,

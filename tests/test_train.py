@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import jax
 import numpy as np
 import pytest
 from flax import serialization
@@ -365,3 +366,49 @@ def test_bfloat16_matmul_equals_the_plain_einsum_forward_and_backward():
     assert [g.dtype for g in grads] == [jnp.bfloat16, jnp.bfloat16]
     x32 = jnp.asarray(rng.standard_normal((2, 64)), jnp.float32)
     np.testing.assert_array_equal(t5._dense_matmul(x32, w.astype(jnp.float32)), plain(x32, w.astype(jnp.float32)))
+
+
+def test_embedding_lr_multiplier_scales_the_embeddings_adamw_step_alone():
+    """``embedding_lr_multiplier`` k: the token embedding's update is exactly k times plain AdamW's (its
+    learning rate and so its decoupled weight decay, PyTorch's param-group semantics), every other parameter's
+    is plain AdamW's, checked over three steps against an independent NumPy AdamW."""
+    rng = np.random.default_rng(0)
+    params = {"token_embedder": {"embedding": rng.normal(size=(6, 4)).astype(np.float32)},
+              "decoder": {"logits_dense": {"kernel": (0.1 * rng.normal(size=(4, 6))).astype(np.float32)}}}
+    grads = [jax.tree_util.tree_map(lambda v: (0.01 * rng.normal(size=v.shape)).astype(np.float32), params)
+             for _ in range(3)]
+    base = dict(learning_rate=1e-2, warmup_steps=1, num_steps=10, weight_decay=0.1)
+
+    def run(k):
+        opt = tr._optimizer(tr.TrainConfig(**base, embedding_lr_multiplier=k))
+        p, state, updates = params, opt.init(params), []
+        for g in grads:
+            u, state = opt.update(g, state, p)
+            p = jax.tree_util.tree_map(lambda a, b: a + b, p, u)
+            updates.append(u)
+        return updates
+
+    def numpy_adamw(x, gs, lr_mult):  # optax.adamw(b1=0.9, b2=0.98, eps=1e-8) with global-norm clip 1
+        m = v = np.zeros_like(x)
+        out = []
+        for t, g in enumerate(gs, start=1):
+            lr = lr_mult * float(tr.optax.warmup_cosine_decay_schedule(0.0, 1e-2, 1, 10, end_value=1e-3)(t - 1))
+            m, v = 0.9 * m + 0.1 * g, 0.98 * v + 0.02 * g * g
+            u = -lr * ((m / (1 - 0.9 ** t)) / (np.sqrt(v / (1 - 0.98 ** t)) + 1e-8) + 0.1 * x)
+            out.append(u)
+            x = x + u
+        return out
+
+    for k in (1.0, 22.6):
+        got = run(k)
+        emb = [g["token_embedder"]["embedding"] for g in grads]
+        ker = [g["decoder"]["logits_dense"]["kernel"] for g in grads]
+        # global norms stay below 1 here, so the clip is the identity
+        assert all(np.sqrt(sum(float(np.sum(a ** 2)) for a in jax.tree_util.tree_leaves(g))) < 1 for g in grads)
+        want_emb = numpy_adamw(params["token_embedder"]["embedding"], emb, k)
+        want_ker = numpy_adamw(params["decoder"]["logits_dense"]["kernel"], ker, 1.0)
+        for u, we, wk in zip(got, want_emb, want_ker):
+            np.testing.assert_allclose(u["token_embedder"]["embedding"], we, rtol=2e-5, atol=1e-9)
+            np.testing.assert_allclose(u["decoder"]["logits_dense"]["kernel"], wk, rtol=2e-5, atol=1e-9)
+    with pytest.raises(ValueError, match="--embedding-lr-multiplier"):
+        tr.TrainConfig(embedding_lr_multiplier=0.0)

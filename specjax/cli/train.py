@@ -64,6 +64,11 @@ def add_parser(sub) -> None:
     p.add_argument("--label-smoothing", type=float, default=0.0,
                    help="label smoothing ε for --objective reference: 1-ε on the reference token, ε/(vocab-1) on "
                         "each other (default: 0; 0.1 is the usual value with dropout 0.3 on small data)")
+    p.add_argument("--embedding-lr-multiplier", type=float, default=1.0,
+                   help="the token embedding's learning rate is --learning-rate times this (default: 1, plain "
+                        "AdamW). t5x initialises the embedding at RMS 1 and the kernels at d_model^-1/2 and trains "
+                        "with Adafactor, whose steps scale with each parameter's RMS; d_model^0.5 (22.6 for "
+                        "small-target) gives the embedding that ratio under AdamW")
     p.add_argument("--snapshot-every", type=int, default=0,
                    help="also keep the weights every N steps as RUN_DIR/snapshots/step_N.msgpack (0: never)")
     p.add_argument("--save-every", type=int, default=250,
@@ -187,6 +192,7 @@ def _run(args: argparse.Namespace) -> int:
                         dropout_rate=args.dropout, label_smoothing=args.label_smoothing,
                         snapshot_every=args.snapshot_every,
                         save_every=args.save_every, compute_dtype=args.compute_dtype,
+                        embedding_lr_multiplier=args.embedding_lr_multiplier,
                         cache_teacher=args.cache_teacher)
     for flag, path in (("--source", args.source), ("--target-text", args.target_text)):
         if not Path(path).is_file():  # before the vocabulary is trained on them (SentencePiece's own error is a
