@@ -10,29 +10,15 @@ every checkpoint: 16,037 target tokens with the 8k vocabulary), and the cross-en
 ``train.cross_entropy_loss`` of the model's logits, the training loss without label smoothing or dropout. A
 smoother signal than greedy BLEU for comparing snapshots of one recipe with another.
 """
-import json
 import pathlib
 import sys
 
 import jax
-import numpy as np
-from flax import serialization
 
+from draft_alpha import load  # a Hugging Face directory or a specjax train snapshot (benchmarks/ is on sys.path)
 from specjax import train as tr
-from specjax.config import T5Config
 from specjax.models import t5
-from specjax.models.t5 import T5Model
 from specjax.tokenizer import Tokenizer
-
-
-def load(path: str) -> T5Model:
-    if path.endswith(".msgpack"):
-        raw = serialization.msgpack_restore(pathlib.Path(path).read_bytes())
-        raw = raw.get("params", raw)
-        cfg = T5Config(**json.loads((pathlib.Path(path).parent.parent / "config.json").read_text())["model"])
-        return T5Model(cfg, jax.tree_util.tree_map(np.asarray, raw))
-    from specjax.checkpoints import load_checkpoint
-    return load_checkpoint(path, dtype="float32")
 
 
 def main(paths):
