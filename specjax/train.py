@@ -57,9 +57,18 @@ class TrainConfig:
       objective: "reference" (cross-entropy on references) or "distill" (DistillSpec forward KL to a teacher).
       num_steps: optimizer steps.
       tokens_per_batch: padded target tokens per batch (batch rows = tokens_per_batch // bucket length).
-      learning_rate: peak learning rate of AdamW (linear warmup, cosine decay to 10%).
+      learning_rate: peak learning rate (linear warmup, cosine decay to 10%). For "adafactor" it is the
+        relative step size: each tensor's update is this times its RMS (t5x pre-trains T5 at 1e-2).
       warmup_steps: linear warmup length (steps).
-      weight_decay: AdamW decoupled weight decay.
+      weight_decay: decoupled weight decay: each step subtracts learning rate × this × the parameter
+        (AdamW's, Loshchilov & Hutter 2019; the same rule with "adafactor", where t5x uses none: pass 0).
+      optimizer: "adamw" (default: optax.adamw, β 0.9 / 0.98, global-norm clipping at 1) or "adafactor"
+        (optax.adafactor with t5x's settings: factored second moments, decay rate 0.8, update clipping at
+        RMS 1, no momentum, updates scaled by each parameter's RMS; Shazeer & Stern 2018, Algorithm 4 and §8).
+        t5x trains T5 with Adafactor and initialises for it: the embedding at RMS 1, the kernels at
+        fan-in scale and the attention queries at RMS (d_model · head_dim)^-1/2, so under Adafactor every
+        tensor moves at the same rate relative to its size, while AdamW's absolute steps move the queries
+        8× faster and the embedding 22× slower than the other kernels (TRAINING.md, twenty-first session).
       seed: initialisation and data-order seed.
       save_every: steps between resumable checkpoints.
       snapshot_every: keep the params every this many steps as ``snapshots/step_<N>.msgpack`` (flax
@@ -108,6 +117,7 @@ class TrainConfig:
     compute_dtype: str | None = None
     embedding_lr_multiplier: float = 1.0
     cache_teacher: bool = True
+    optimizer: str = "adamw"
 
     def __post_init__(self):
         if self.compute_dtype not in (None, "float32", "bfloat16"):
@@ -116,6 +126,10 @@ class TrainConfig:
             raise ValueError(f"dropout_rate must be in [0, 1), got {self.dropout_rate}.")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"label_smoothing (--label-smoothing) must be in [0, 1), got {self.label_smoothing}.")
+        if self.optimizer not in ("adamw", "adafactor"):
+            raise ValueError(f"optimizer (--optimizer) must be 'adamw' or 'adafactor', got {self.optimizer!r}.")
+        if self.weight_decay < 0.0:
+            raise ValueError(f"weight_decay (--weight-decay) must be >= 0, got {self.weight_decay}.")
         if self.objective not in ("reference", "distill"):
             raise ValueError(f"objective must be 'reference' or 'distill', got {self.objective!r}.")
         if self.label_smoothing and self.objective != "reference":
@@ -279,8 +293,13 @@ def _optimizer(tc: TrainConfig) -> optax.GradientTransformation:
     schedule = optax.warmup_cosine_decay_schedule(0.0, tc.learning_rate, tc.warmup_steps,
                                                   max(tc.num_steps, tc.warmup_steps + 1),
                                                   end_value=tc.learning_rate * 0.1)
-    chain = [optax.clip_by_global_norm(1.0),
-             optax.adamw(schedule, b1=0.9, b2=0.98, weight_decay=tc.weight_decay)]
+    if tc.optimizer == "adafactor":  # t5x's defaults; no global-norm clip (Adafactor clips each update's RMS)
+        decay = (lambda count: schedule(count) * tc.weight_decay) if tc.weight_decay else None
+        chain = [optax.adafactor(schedule, decay_rate=0.8, clipping_threshold=1.0, momentum=None,
+                                 multiply_by_parameter_scale=True, weight_decay_rate=decay)]
+    else:
+        chain = [optax.clip_by_global_norm(1.0),
+                 optax.adamw(schedule, b1=0.9, b2=0.98, weight_decay=tc.weight_decay)]
     if tc.embedding_lr_multiplier != 1.0:  # appended only then: runs without it keep their optimizer state's layout
         chain.append(_scale_embedding_updates(tc.embedding_lr_multiplier))
     return optax.chain(*chain)
@@ -424,6 +443,11 @@ def train(config: T5Config, tc: TrainConfig, src: Sequence[np.ndarray], tgt: Seq
         saved = json.loads(meta_path.read_text())
         if saved["model"] != meta["model"]:
             raise ValueError(f"{run} holds a run of a different model config; use another run directory.")
+        was = saved.get("train", {}).get("optimizer", "adamw")  # runs before the flag trained with AdamW
+        if was != tc.optimizer and (run / "state.msgpack").exists():
+            raise ValueError(f"{run} holds a run trained with --optimizer {was}; its saved optimizer state cannot "
+                             f"resume with {tc.optimizer}. Resume with --optimizer {was}, or use another run "
+                             "directory.")
     meta_path.write_text(json.dumps(meta, indent=1))
 
     opt = _optimizer(tc)

@@ -412,3 +412,69 @@ def test_embedding_lr_multiplier_scales_the_embeddings_adamw_step_alone():
             np.testing.assert_allclose(u["decoder"]["logits_dense"]["kernel"], wk, rtol=2e-5, atol=1e-9)
     with pytest.raises(ValueError, match="--embedding-lr-multiplier"):
         tr.TrainConfig(embedding_lr_multiplier=0.0)
+
+
+def test_adafactor_matches_shazeer_and_sterns_algorithm_in_numpy():
+    """``optimizer="adafactor"``: three steps equal an independent NumPy Adafactor (Shazeer & Stern 2018,
+    Algorithm 4 with β̂2_t = 1 - t^-0.8, update clipping d = 1 (§6), relative step size ρ_t times
+    max(ε2, RMS(x)) (§8), ε1 = 1e-30, ε2 = 1e-3; factored second moments for a matrix whose two dimensions
+    are >= 128, a full one otherwise) with t5x's settings (no momentum, no global-norm clip), plus the
+    decoupled weight decay -ρ_t · wd · x and the same warmup-cosine schedule as AdamW."""
+    rng = np.random.default_rng(1)
+    params = {"a": {"kernel": (0.04 * rng.normal(size=(128, 136))).astype(np.float32)},
+              "b": {"scale": (1.0 + 0.1 * rng.normal(size=(6,))).astype(np.float32)},
+              "c": {"kernel": (0.0005 * rng.normal(size=(4, 6))).astype(np.float32)}}  # RMS below ε2
+    grads = [jax.tree_util.tree_map(lambda v: (rng.normal(size=v.shape) * rng.uniform(0.01, 3)).astype(np.float32),
+                                    params) for _ in range(3)]
+    wd = 0.1
+    opt = tr._optimizer(tr.TrainConfig(learning_rate=1e-2, warmup_steps=1, num_steps=10, weight_decay=wd,
+                                       optimizer="adafactor"))
+    p, state, got = params, opt.init(params), []
+    for g in grads:
+        u, state = opt.update(g, state, p)
+        p = jax.tree_util.tree_map(lambda a, b: a + b, p, u)
+        got.append(u)
+
+    def numpy_adafactor(x, gs):
+        x = x.astype(np.float64)
+        factored = x.ndim == 2 and min(x.shape) >= 128
+        vr, vc, v = np.zeros(x.shape[0]), np.zeros(x.shape[1] if x.ndim == 2 else 1), np.zeros_like(x)
+        out = []
+        for t, g in enumerate(gs, start=1):
+            g = g.astype(np.float64)
+            beta = 1.0 - t ** -0.8
+            g2 = g * g + 1e-30
+            if factored:
+                vr = beta * vr + (1 - beta) * g2.mean(axis=1)
+                vc = beta * vc + (1 - beta) * g2.mean(axis=0)
+                vhat = np.outer(vr, vc) / vr.mean()
+            else:
+                v = beta * v + (1 - beta) * g2
+                vhat = v
+            u = g / np.sqrt(vhat)
+            u = u / max(1.0, np.sqrt(np.mean(u * u)))
+            rho = float(tr.optax.warmup_cosine_decay_schedule(0.0, 1e-2, 1, 10, end_value=1e-3)(t - 1))
+            u = -(rho * max(1e-3, np.sqrt(np.mean(x * x))) * u + rho * wd * x)
+            out.append(u)
+            x = x + u
+        return out
+
+    for path in (("a", "kernel"), ("b", "scale"), ("c", "kernel")):
+        want = numpy_adafactor(params[path[0]][path[1]], [g[path[0]][path[1]] for g in grads])
+        for u, w in zip(got, want):
+            np.testing.assert_allclose(u[path[0]][path[1]], w, rtol=1e-4, atol=1e-10)
+    with pytest.raises(ValueError, match="--optimizer"):
+        tr.TrainConfig(optimizer="sgd")
+
+
+def test_resuming_with_another_optimizer_is_refused(tmp_path, data_dir, vocab500, capsys):
+    _run(tmp_path, "r", 2, data_dir, vocab=vocab500)
+    d = data_dir / "train" / "multi30k"
+    code = main(["train", "--run-dir", str(tmp_path / "r"), "--model", "draft", "--source", str(d / "train.en"),
+                 "--target-text", str(d / "train.de"), "--vocab", str(vocab500), "--max-examples", "600",
+                 "--tokens-per-batch", "256", "--steps", "4", "--seed", "3", "--optimizer", "adafactor"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "--optimizer adamw" in err and "Traceback" not in err
+    adafactor = _run(tmp_path, "f", 2, data_dir, ("--optimizer", "adafactor", "--weight-decay", "0"), vocab=vocab500)
+    assert all(np.isfinite(a).all() for a in jax_leaves(adafactor["params"]))

@@ -53,8 +53,14 @@ def add_parser(sub) -> None:
     p.add_argument("--tokens-per-batch", type=int, default=2048,
                    help="target tokens per batch; batches group pairs of similar length (default: 2048)")
     p.add_argument("--learning-rate", type=float, default=7e-4,
-                   help="peak AdamW learning rate: linear warmup, then cosine decay to 10%% of it over --steps "
-                        "(default: 7e-4)")
+                   help="peak learning rate: linear warmup, then cosine decay to 10%% of it over --steps "
+                        "(default: 7e-4, for AdamW; Adafactor's is a relative step size, t5x uses 1e-2)")
+    p.add_argument("--optimizer", default="adamw", choices=["adamw", "adafactor"],
+                   help="adamw (default) or adafactor with t5x's settings (factored second moments, decay 0.8, "
+                        "update clipping 1, no momentum, steps scaled by each parameter's RMS)")
+    p.add_argument("--weight-decay", type=float, default=0.01,
+                   help="decoupled weight decay: each step subtracts learning rate x this x the parameter "
+                        "(default: 0.01; t5x's Adafactor uses 0)")
     p.add_argument("--warmup-steps", type=int, default=400, help="linear warmup steps (default: 400)")
     p.add_argument("--seed", type=int, default=0,
                    help="seed of the initialisation, data order and dropout (default: 0)")
@@ -193,7 +199,8 @@ def _run(args: argparse.Namespace) -> int:
                         snapshot_every=args.snapshot_every,
                         save_every=args.save_every, compute_dtype=args.compute_dtype,
                         embedding_lr_multiplier=args.embedding_lr_multiplier,
-                        cache_teacher=args.cache_teacher)
+                        cache_teacher=args.cache_teacher, optimizer=args.optimizer,
+                        weight_decay=args.weight_decay)
     for flag, path in (("--source", args.source), ("--target-text", args.target_text)):
         if not Path(path).is_file():  # before the vocabulary is trained on them (SentencePiece's own error is a
             raise FileNotFoundError(  # RuntimeError from deep inside it)
