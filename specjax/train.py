@@ -78,6 +78,10 @@ class TrainConfig:
         teacher's outputs).
       dropout_rate: dropout on embeddings, sub-layer outputs and final norms during training (T5's
         fine-tuning uses 0.1; the small default target overfits Multi30k without it). 0 disables it.
+      dropout_style: where and how dropout draws its masks (``t5.logits``): "sublayers" (the default:
+        independent decisions on the embeddings, every sub-layer output and the final norms) or "t5x" (t5x's
+        network.py: those masks shared along the length axis, plus the attention weights and the MLP's hidden
+        layer).
       label_smoothing: ε of label smoothing (Szegedy et al. 2016, §7; Vaswani et al. 2017, §5.4 use 0.1) in
         the "reference" objective: the training target puts 1 - ε on the reference token and ε / (vocab - 1)
         on each other token (t5x's and fairseq's convention). 0 (default) is the plain cross-entropy. The
@@ -118,6 +122,7 @@ class TrainConfig:
     embedding_lr_multiplier: float = 1.0
     cache_teacher: bool = True
     optimizer: str = "adamw"
+    dropout_style: str = "sublayers"
 
     def __post_init__(self):
         if self.compute_dtype not in (None, "float32", "bfloat16"):
@@ -126,6 +131,9 @@ class TrainConfig:
             raise ValueError(f"dropout_rate must be in [0, 1), got {self.dropout_rate}.")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"label_smoothing (--label-smoothing) must be in [0, 1), got {self.label_smoothing}.")
+        if self.dropout_style not in t5.DROPOUT_STYLES:
+            raise ValueError(f"dropout_style (--dropout-style) must be one of {t5.DROPOUT_STYLES}, got "
+                             f"{self.dropout_style!r}.")
         if self.optimizer not in ("adamw", "adafactor"):
             raise ValueError(f"optimizer (--optimizer) must be 'adamw' or 'adafactor', got {self.optimizer!r}.")
         if self.weight_decay < 0.0:
@@ -328,7 +336,7 @@ def _scale_embedding_updates(multiplier: float) -> optax.GradientTransformation:
 
 def _make_step(config: T5Config, opt, objective: str, alpha: float, teacher_config: T5Config | None,
                dropout_rate: float = 0.0, seed: int = 0, compute_dtype: str | None = None,
-               label_smoothing: float = 0.0):
+               label_smoothing: float = 0.0, dropout_style: str = "sublayers"):
     """The jitted training step ``(params, opt_state, enc, dec, teacher, step, update_scale)``.
 
     ``teacher`` (with objective "distill"): the teacher's parameters when ``teacher_config`` is given, else
@@ -344,7 +352,8 @@ def _make_step(config: T5Config, opt, objective: str, alpha: float, teacher_conf
 
     def loss_fn(params, enc, dec, teacher_params, step):
         rng = (jax.random.fold_in(jax.random.key(seed, impl="rbg"), step) if dropout_rate > 0 else None)
-        logits = t5.logits(config, params, enc, shift_right(dec), dropout_rate=dropout_rate, dropout_rng=rng)
+        logits = t5.logits(config, params, enc, shift_right(dec), dropout_rate=dropout_rate, dropout_rng=rng,
+                           dropout_style=dropout_style)
         ce, count = cross_entropy_loss(logits, dec)
         if objective == "distill":
             if teacher_config is None:  # cached log-probabilities (log_softmax renormalises their rounding)
@@ -486,7 +495,7 @@ def train(config: T5Config, tc: TrainConfig, src: Sequence[np.ndarray], tgt: Seq
     teacher_params = teacher.params if teacher is not None and cached is None else None
     train_step = _make_step(config, opt, tc.objective, tc.distill_alpha,
                             teacher.config if teacher is not None and cached is None else None, tc.dropout_rate,
-                            tc.seed, tc.compute_dtype, tc.label_smoothing)
+                            tc.seed, tc.compute_dtype, tc.label_smoothing, tc.dropout_style)
 
     if not batches(src, tgt, tc.tokens_per_batch, tc.seed, 0):
         raise ValueError(f"{len(src)} pairs do not fill one batch of {tc.tokens_per_batch} tokens in any length "

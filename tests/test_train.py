@@ -478,3 +478,80 @@ def test_resuming_with_another_optimizer_is_refused(tmp_path, data_dir, vocab500
     assert "--optimizer adamw" in err and "Traceback" not in err
     adafactor = _run(tmp_path, "f", 2, data_dir, ("--optimizer", "adafactor", "--weight-decay", "0"), vocab=vocab500)
     assert all(np.isfinite(a).all() for a in jax_leaves(adafactor["params"]))
+
+
+def test_t5x_dropout_style_draws_t5xs_masks_in_t5xs_places():
+    """``dropout_style="t5x"`` draws the masks t5x's ``examples/t5/network.py`` draws, with its shapes: the
+    embeddings, every sub-layer output and the decoder's final norm shared along the length axis ([b, 1, d]),
+    the encoder's final norm independent ([b, s, d]), the attention weights shared by the queries
+    ([b, n, 1, keys]) and the MLP's hidden layer shared along the length axis ([b, 1, mlp]); "sublayers" draws
+    independent [b, length, d] masks on the embeddings, sub-layer outputs and final norms only. The shapes are
+    read from the traced program's RngBitGenerator calls (one per mask)."""
+    import jax
+
+    from specjax.config import T5Config
+    from specjax.models import t5
+
+    cfg = T5Config(vocab_size=50, d_model=16, num_heads=2, head_dim=8, mlp_dim=24, num_encoder_layers=2,
+                   num_decoder_layers=1)
+    params = t5.init_params(cfg, 0)
+    b, s, t = 3, 5, 4
+    enc = np.tile(np.array([[5, 6, 7, 8, 1]], np.int32), (b, 1))
+    dec = np.tile(np.array([[0, 8, 9, 10]], np.int32), (b, 1))
+
+    def mask_shapes(style):
+        jaxpr = jax.make_jaxpr(lambda p, key: t5.logits(cfg, p, enc, dec, dropout_rate=0.2, dropout_rng=key,
+                                                        dropout_style=style))(params, jax.random.PRNGKey(0))
+        shapes = []
+
+        def walk(jp):
+            for eqn in jp.eqns:
+                if eqn.primitive.name == "rng_bit_generator":
+                    shapes.append(tuple(eqn.outvars[1].aval.shape))
+                for v in eqn.params.values():  # sub-programs: jit (ClosedJaxpr), custom_vjp, ...
+                    for sub in (v if isinstance(v, (tuple, list)) else (v,)):
+                        if hasattr(sub, "eqns"):
+                            walk(sub)
+                        elif hasattr(sub, "jaxpr") and hasattr(sub.jaxpr, "eqns"):
+                            walk(sub.jaxpr)
+        walk(jaxpr.jaxpr)
+        return sorted(shapes)
+
+    d, n, m = cfg.d_model, cfg.num_heads, cfg.mlp_dim
+    # encoder: embedding, 2 × (attention out, mlp out), final norm; decoder: embedding, 3 sub-layers, final norm
+    assert mask_shapes("sublayers") == sorted([(b, s, d)] * 6 + [(b, t, d)] * 5)
+    want = ([(b, 1, d)] * 5 + [(b, s, d)]  # encoder: embedding + 4 sub-layer outputs shared; final independent
+            + [(b, n, 1, s)] * 2 + [(b, 1, m)] * 2  # encoder: attention weights, MLP hidden, per layer
+            + [(b, 1, d)] * 5  # decoder: embedding, 3 sub-layer outputs, final norm
+            + [(b, n, 1, t), (b, n, 1, s), (b, 1, m)])  # decoder: self and cross attention weights, MLP hidden
+    assert mask_shapes("t5x") == sorted(want)
+    # shared along the length axis in the values too; no dropout at rate 0 in either style
+    a = np.asarray(t5.logits(cfg, params, enc, dec, dropout_rate=0.5, dropout_rng=jax.random.PRNGKey(3),
+                             dropout_style="t5x"))
+    plain = np.asarray(t5.logits(cfg, params, enc, dec))
+    assert np.abs(a - plain).max() > 1e-3
+    np.testing.assert_array_equal(np.asarray(t5.logits(cfg, params, enc, dec, dropout_style="t5x")), plain)
+    with pytest.raises(ValueError, match="dropout_style"):
+        t5.logits(cfg, params, enc, dec, dropout_style="magic")
+    with pytest.raises(ValueError, match="--dropout-style"):
+        tr.TrainConfig(dropout_style="magic")
+
+
+def test_dropout_shared_along_an_axis_keeps_one_decision_along_it():
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+
+    from specjax.models import t5
+
+    class Drop(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return t5._dropout(self, x, 0.2, (-2,))
+
+    y = np.asarray(Drop().apply({}, jnp.ones((40, 7, 300), jnp.float32), rngs={"dropout": jax.random.PRNGKey(0)}))
+    d = y == 0
+    assert (d == d[:, :1, :]).all()  # one decision per (row, feature), shared by the 7 positions
+    # 12,000 Bernoulli(0.2) decisions: 5 standard deviations (significance ~6e-7)
+    assert abs(d[:, 0].mean() - 0.2) < 5 * np.sqrt(0.2 * 0.8 / d[:, 0].size)
+    np.testing.assert_allclose(y[~d], 1 / 0.8, rtol=1e-6)

@@ -67,6 +67,10 @@ def add_parser(sub) -> None:
     p.add_argument("--dropout", type=float, default=0.0,
                    help="dropout rate while training (default: 0; 0.1-0.2 keeps a small target from overfitting "
                         "Multi30k)")
+    p.add_argument("--dropout-style", default="sublayers", choices=["sublayers", "t5x"],
+                   help="sublayers (default): independent masks on the embeddings, sub-layer outputs and final "
+                        "norms; t5x: as t5x's network.py, those masks shared along the length axis plus dropout "
+                        "on the attention weights and the MLP's hidden layer")
     p.add_argument("--label-smoothing", type=float, default=0.0,
                    help="label smoothing ε for --objective reference: 1-ε on the reference token, ε/(vocab-1) on "
                         "each other (default: 0; 0.1 is the usual value with dropout 0.3 on small data)")
@@ -200,7 +204,7 @@ def _run(args: argparse.Namespace) -> int:
                         save_every=args.save_every, compute_dtype=args.compute_dtype,
                         embedding_lr_multiplier=args.embedding_lr_multiplier,
                         cache_teacher=args.cache_teacher, optimizer=args.optimizer,
-                        weight_decay=args.weight_decay)
+                        weight_decay=args.weight_decay, dropout_style=args.dropout_style)
     for flag, path in (("--source", args.source), ("--target-text", args.target_text)):
         if not Path(path).is_file():  # before the vocabulary is trained on them (SentencePiece's own error is a
             raise FileNotFoundError(  # RuntimeError from deep inside it)

@@ -118,12 +118,16 @@ def relative_position_bucket(relative_position, bidirectional: bool, num_buckets
     return ret + jnp.where(is_small, n, val_if_large)
 
 
-def _dropout(module: nn.Module, x, rate: float):
+DROPOUT_STYLES = ("sublayers", "t5x")
+
+
+def _dropout(module: nn.Module, x, rate: float, broadcast_dims: tuple[int, ...] = ()):
     """Training-time inverted dropout (t5x applies it to embeddings, every sub-layer output and the final norms).
 
     Each element of ``x`` (any shape and float dtype) is kept with probability ``1 - rate`` (to 2^-32) and
     scaled by ``1 / (1 - rate)``, else zeroed. A no-op when ``rate`` is 0 (inference): no ``"dropout"`` rng is
-    needed then.
+    needed then. ``broadcast_dims``: axes along which one decision is shared (flax ``nn.Dropout``'s
+    ``broadcast_dims``; t5x shares its masks along the length axis, -2).
 
     The mask's bits come from XLA's RngBitGenerator with its Threefry algorithm (Salmon et al. 2011, the
     generator ``jax.random``'s default keys use), keyed by 128 bits drawn from the module's ``"dropout"`` rng:
@@ -134,7 +138,8 @@ def _dropout(module: nn.Module, x, rate: float):
     if rate == 0.0:
         return x
     key = jax.random.bits(module.make_rng("dropout"), (4,), jnp.uint32)
-    _, bits = jax.lax.rng_bit_generator(key, x.shape, dtype=jnp.uint32,
+    shape = tuple(1 if i in {d % x.ndim for d in broadcast_dims} else n for i, n in enumerate(x.shape))
+    _, bits = jax.lax.rng_bit_generator(key, shape, dtype=jnp.uint32,
                                         algorithm=jax.lax.RandomAlgorithm.RNG_THREE_FRY)
     keep = bits >= jnp.uint32(min(round(rate * 2.0 ** 32), 2 ** 32 - 1))
     return jnp.where(keep, x / (1.0 - rate), 0.0).astype(x.dtype)
@@ -246,8 +251,14 @@ class RelativePositionBias(nn.Module):
 
 
 class Projections(nn.Module):
-    """The four attention kernels of one attention block (t5x names ``query key value out``)."""
+    """The four attention kernels of one attention block (t5x names ``query key value out``).
+
+    ``dropout_rate``: dropout on the attention weights in training, one decision per key shared by every
+    query (t5x ``dot_product_attention`` with ``broadcast_dropout``); 0 (inference, and dropout style
+    "sublayers") leaves them alone.
+    """
     config: T5Config
+    dropout_rate: float = 0.0
 
     def setup(self):
         cfg = self.config
@@ -291,14 +302,20 @@ class Projections(nn.Module):
         cfg = self.config
         scores = jnp.einsum("btnh,bnhs->bnts" if keys_hs else "btnh,bnsh->bnts", q_btnh, k_bnsh,
                             preferred_element_type=jnp.float32)
-        weights = jax.nn.softmax(scores + bias_bnts, axis=-1).astype(cfg.compute_dtype)
+        weights = _dropout(self, jax.nn.softmax(scores + bias_bnts, axis=-1), self.dropout_rate, (-2,))
+        weights = weights.astype(cfg.compute_dtype)
         out_btnh = jnp.einsum("bnts,bnsh->btnh", weights, v_bnsh)
         return self.out(out_btnh.reshape(out_btnh.shape[:2] + (cfg.num_heads * cfg.head_dim,)))
 
 
 class MLP(nn.Module):
-    """T5 feed-forward: ``wo(relu(wi x))`` (1.0) or ``wo(gelu_tanh(wi_0 x) * wi_1 x)`` (1.1)."""
+    """T5 feed-forward: ``wo(relu(wi x))`` (1.0) or ``wo(gelu_tanh(wi_0 x) * wi_1 x)`` (1.1).
+
+    ``dropout_rate``: dropout on the hidden activations in training, shared along the length axis (t5x
+    ``MlpBlock``'s ``intermediate_dropout_rate``); 0 leaves them alone.
+    """
     config: T5Config
+    dropout_rate: float = 0.0
 
     @nn.compact
     def __call__(self, x):
@@ -308,42 +325,60 @@ class MLP(nn.Module):
                  * Dense(cfg.mlp_dim, ("embed", "mlp"), cfg, name="wi_1")(x))
         else:
             h = nn.relu(Dense(cfg.mlp_dim, ("embed", "mlp"), cfg, name="wi")(x))
-        return Dense(cfg.d_model, ("mlp", "embed"), cfg, name="wo")(h)
+        return Dense(cfg.d_model, ("mlp", "embed"), cfg, name="wo")(_dropout(self, h, self.dropout_rate, (-2,)))
+
+
+def _inner_rate(rate: float, style: str) -> float:
+    """The dropout rate inside attention (its weights) and the MLP (its hidden layer): t5x's only."""
+    if style not in DROPOUT_STYLES:
+        raise ValueError(f"dropout style must be one of {DROPOUT_STYLES}, got {style!r}.")
+    return rate if style == "t5x" else 0.0
+
+
+def _length_shared(style: str) -> tuple[int, ...]:
+    """Axes the embedding and sub-layer output masks share one decision along: t5x's length axis, or none."""
+    return (-2,) if style == "t5x" else ()
 
 
 class EncoderLayer(nn.Module):
     """One encoder block: x + SelfAttn(RMSNorm(x)), then x + MLP(RMSNorm(x)); x [b, s, d] -> [b, s, d]."""
     config: T5Config
     dropout_rate: float = 0.0
+    dropout_style: str = "sublayers"
 
     def setup(self):
+        inner = _inner_rate(self.dropout_rate, self.dropout_style)
         self.pre_attention_layer_norm = RMSNorm(self.config)
-        self.attention = Projections(self.config)
+        self.attention = Projections(self.config, inner)
         self.pre_mlp_layer_norm = RMSNorm(self.config)
-        self.mlp = MLP(self.config)
+        self.mlp = MLP(self.config, inner)
 
     def __call__(self, x, bias):
         with jax.named_scope("self_attention"):
             y = self.pre_attention_layer_norm(x)
             k, v = self.attention.kv_heads_first(y)
-            x = x + _dropout(self, self.attention.attend(self.attention.q(y), k, v, bias), self.dropout_rate)
+            x = x + _dropout(self, self.attention.attend(self.attention.q(y), k, v, bias), self.dropout_rate,
+                             _length_shared(self.dropout_style))
         with jax.named_scope("mlp"):
-            return x + _dropout(self, self.mlp(self.pre_mlp_layer_norm(x)), self.dropout_rate)
+            return x + _dropout(self, self.mlp(self.pre_mlp_layer_norm(x)), self.dropout_rate,
+                                _length_shared(self.dropout_style))
 
 
 class DecoderLayer(nn.Module):
     """One decoder block (self-attention over the cache, cross-attention, MLP); x [b, k, d] -> [b, k, d]."""
     config: T5Config
     dropout_rate: float = 0.0
+    dropout_style: str = "sublayers"
 
     def setup(self):
         cfg = self.config
+        inner = _inner_rate(self.dropout_rate, self.dropout_style)
         self.pre_self_attention_layer_norm = RMSNorm(cfg)
-        self.self_attention = Projections(cfg)
+        self.self_attention = Projections(cfg, inner)
         self.pre_cross_attention_layer_norm = RMSNorm(cfg)
-        self.encoder_decoder_attention = Projections(cfg)
+        self.encoder_decoder_attention = Projections(cfg, inner)
         self.pre_mlp_layer_norm = RMSNorm(cfg)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg, inner)
 
     def cross_kv(self, encoded_bsd):
         """[b, s, d] -> cross-attention keys [b, n, h, s], values [b, n, s, h] (``Encoded``)."""
@@ -359,14 +394,15 @@ class DecoderLayer(nn.Module):
             new_k, new_v = self.self_attention.kv(y)
             k, v = write(self_kv[0], new_k), write(self_kv[1], new_v)
             x = x + _dropout(self, self.self_attention.attend(self.self_attention.q(y), k, v, self_bias),
-                             self.dropout_rate)
+                             self.dropout_rate, _length_shared(self.dropout_style))
         with jax.named_scope("cross_attention"):
             y = self.pre_cross_attention_layer_norm(x)
             x = x + _dropout(self, self.encoder_decoder_attention.attend(
                 self.encoder_decoder_attention.q(y), cross_kv[0], cross_kv[1], cross_bias, keys_hs=True),
-                self.dropout_rate)
+                self.dropout_rate, _length_shared(self.dropout_style))
         with jax.named_scope("mlp"):
-            x = x + _dropout(self, self.mlp(self.pre_mlp_layer_norm(x)), self.dropout_rate)
+            x = x + _dropout(self, self.mlp(self.pre_mlp_layer_norm(x)), self.dropout_rate,
+                             _length_shared(self.dropout_style))
         return x, (k, v)
 
 
@@ -374,11 +410,12 @@ class Encoder(nn.Module):
     """Token embeddings [b, s, d] and mask bool[b, s] -> final encoder states [b, s, d] (after RMSNorm)."""
     config: T5Config
     dropout_rate: float = 0.0
+    dropout_style: str = "sublayers"
 
     def setup(self):
         cfg = self.config
         self.relpos_bias = RelativePositionBias(True, cfg)
-        self.layers = [EncoderLayer(cfg, self.dropout_rate, name=f"layers_{i}")
+        self.layers = [EncoderLayer(cfg, self.dropout_rate, self.dropout_style, name=f"layers_{i}")
                        for i in range(cfg.num_encoder_layers)]
         self.encoder_norm = RMSNorm(cfg)
 
@@ -386,21 +423,22 @@ class Encoder(nn.Module):
         b, s = mask_bs.shape
         pos = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s))
         bias = self.relpos_bias(pos, pos) + jnp.where(mask_bs[:, None, None, :], 0.0, NEG_INF)
-        x_bsd = _dropout(self, x_bsd, self.dropout_rate)
+        x_bsd = _dropout(self, x_bsd, self.dropout_rate, _length_shared(self.dropout_style))
         for layer in self.layers:
             x_bsd = layer(x_bsd, bias)
-        return _dropout(self, self.encoder_norm(x_bsd), self.dropout_rate)
+        return _dropout(self, self.encoder_norm(x_bsd), self.dropout_rate)  # t5x: not shared here either
 
 
 class Decoder(nn.Module):
     """A k-token window at per-row positions against the cache -> (float32 logits [b, k, v], new cache)."""
     config: T5Config
     dropout_rate: float = 0.0
+    dropout_style: str = "sublayers"
 
     def setup(self):
         cfg = self.config
         self.relpos_bias = RelativePositionBias(False, cfg)
-        self.layers = [DecoderLayer(cfg, self.dropout_rate, name=f"layers_{i}")
+        self.layers = [DecoderLayer(cfg, self.dropout_rate, self.dropout_style, name=f"layers_{i}")
                        for i in range(cfg.num_decoder_layers)]
         self.decoder_norm = RMSNorm(cfg)
         if not cfg.logits_via_embedding:
@@ -432,13 +470,13 @@ class Decoder(nn.Module):
             return cache_bnLh.at[rows, :, query_pos].set(new_bknh.astype(cache_bnLh.dtype), mode="drop")
 
         new_k, new_v = [], []
-        x_bkd = _dropout(self, x_bkd, self.dropout_rate)
+        x_bkd = _dropout(self, x_bkd, self.dropout_rate, _length_shared(self.dropout_style))
         for i, layer in enumerate(self.layers):
             x_bkd, (lk, lv) = layer(x_bkd, (cache.k[i], cache.v[i]), self_bias,
                                     (encoded.cross_k[i], encoded.cross_v[i]), cross_bias, write)
             new_k.append(lk)
             new_v.append(lv)
-        y = _dropout(self, self.decoder_norm(x_bkd), self.dropout_rate)
+        y = _dropout(self, self.decoder_norm(x_bkd), self.dropout_rate, _length_shared(self.dropout_style))
         if cfg.logits_via_embedding:
             logits = embedder.attend(y) / jnp.sqrt(jnp.asarray(y.shape[-1], jnp.float32)).astype(y.dtype)
         else:
@@ -467,14 +505,16 @@ class Transformer(nn.Module):
     """The whole T5; its methods are reached through the pure functions below.
 
     ``dropout_rate`` > 0 only in training (``logits(..., dropout_rng=...)``); inference never drops.
+    ``dropout_style``: where and how (``logits``).
     """
     config: T5Config
     dropout_rate: float = 0.0
+    dropout_style: str = "sublayers"
 
     def setup(self):
         self.token_embedder = Embed(self.config)
-        self.encoder = Encoder(self.config, self.dropout_rate)
-        self.decoder = Decoder(self.config, self.dropout_rate)
+        self.encoder = Encoder(self.config, self.dropout_rate, self.dropout_style)
+        self.decoder = Decoder(self.config, self.dropout_rate, self.dropout_style)
 
     def encode(self, encoder_input_tokens):
         mask = encoder_input_tokens != self.config.pad_id
@@ -576,12 +616,18 @@ def decode(config: T5Config, params: Params, encoded: Encoded, tokens, cache: KV
 
 
 def logits(config: T5Config, params: Params, encoder_input_tokens, decoder_input_tokens, *,
-           dropout_rate: float = 0.0, dropout_rng: jax.Array | None = None) -> jax.Array:
+           dropout_rate: float = 0.0, dropout_rng: jax.Array | None = None,
+           dropout_style: str = "sublayers") -> jax.Array:
     """Teacher-forced forward pass: float32 logits [b, t, v] (t5x ``Transformer.__call__``).
 
     Training passes ``dropout_rate`` > 0 with a ``dropout_rng`` key (T5's dropout on embeddings, every
     sub-layer output and the final norms; Raffel et al. 2020 section 3.1.2 use 0.1 for fine-tuning).
-    Raises ValueError for a ``dropout_rate`` outside [0, 1) or a rate without a key.
+    ``dropout_style``: "sublayers" (the default) drops each element independently on the embeddings, every
+    sub-layer output and the two final norms' outputs. "t5x" does what t5x's ``examples/t5/network.py`` does:
+    those masks shared along the length axis (one decision per row and feature; the encoder's final one
+    excepted), plus dropout on the attention weights (one decision per key, shared by the queries) and on the
+    MLP's hidden activations (shared along the length axis).
+    Raises ValueError for a ``dropout_rate`` outside [0, 1), a rate without a key, or an unknown style.
 
     ``decoder_input_tokens`` int32[b, t] are the targets shifted right, starting with ``pad_id`` (0).
     Padded decoder positions are not masked as keys (causal mask only): logits at real target positions
@@ -593,8 +639,10 @@ def logits(config: T5Config, params: Params, encoder_input_tokens, decoder_input
         raise ValueError(f"dropout_rate must be in [0, 1), got {dropout_rate}.")
     if dropout_rate > 0.0 and dropout_rng is None:
         raise ValueError("dropout_rate > 0 needs a dropout_rng key (jax.random.PRNGKey).")
+    if dropout_style not in DROPOUT_STYLES:
+        raise ValueError(f"dropout_style must be one of {DROPOUT_STYLES}, got {dropout_style!r}.")
     rngs = {"dropout": dropout_rng} if dropout_rate > 0.0 else {}
-    return Transformer(config, dropout_rate).apply(
+    return Transformer(config, dropout_rate, dropout_style).apply(
         {"params": params}, jnp.asarray(encoder_input_tokens, jnp.int32),
         jnp.asarray(decoder_input_tokens, jnp.int32), rngs=rngs)
 
