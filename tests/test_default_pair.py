@@ -159,7 +159,7 @@ def test_sizes_and_the_default_size():
     with pytest.raises(ValueError, match="size must be one of"):
         load_default_pair(size="large")
     # The small pair ships in this version (issue 12); a checkout without it is a broken install. It is opt-in:
-    # its target misses the issue's BLEU goal, so the default stays "mini".
+    # it misses the issue's 2x speed goal on the machine it was measured on, so the default stays "mini".
     assert defaults._shipped("small"), "specjax/assets/small_pair is incomplete"
     assert defaults.default_size() == "mini"
     target, draft, _ = load_default_pair(size="small")
