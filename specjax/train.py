@@ -67,8 +67,8 @@ class TrainConfig:
         RMS 1, no momentum, updates scaled by each parameter's RMS; Shazeer & Stern 2018, Algorithm 4 and §8).
         t5x trains T5 with Adafactor and initialises for it: the embedding at RMS 1, the kernels at
         fan-in scale and the attention queries at RMS (d_model · head_dim)^-1/2, so under Adafactor every
-        tensor moves at the same rate relative to its size, while AdamW's absolute steps move the queries
-        8× faster and the embedding 22× slower than the other kernels (TRAINING.md, twenty-first session).
+        tensor moves at about the same rate relative to its size, while AdamW's absolute steps moved the queries
+        6× and the embedding 0.04× as far as Adafactor does (TRAINING.md, twenty-first session).
       seed: initialisation and data-order seed.
       save_every: steps between resumable checkpoints.
       snapshot_every: keep the params every this many steps as ``snapshots/step_<N>.msgpack`` (flax
