@@ -426,7 +426,7 @@ class Encoder(nn.Module):
         x_bsd = _dropout(self, x_bsd, self.dropout_rate, _length_shared(self.dropout_style))
         for layer in self.layers:
             x_bsd = layer(x_bsd, bias)
-        return _dropout(self, self.encoder_norm(x_bsd), self.dropout_rate)  # t5x: not shared here either
+        return _dropout(self, self.encoder_norm(x_bsd), self.dropout_rate)  # t5x shares no decisions on this one
 
 
 class Decoder(nn.Module):
