@@ -6,6 +6,7 @@ test 2016 lines, each compiled twice in this one process — with the options sp
 table gives tokens/s (best of the repeats) and the ratios. Nothing is asserted.
 
     python benchmarks/cpu_options_ab.py --lines 32 --gammas 3 4 5 --temperatures 0 1 --batch-sizes 1
+    python benchmarks/cpu_options_ab.py --size small --dtype bfloat16 --draft-dtype float32 --lines 24 --gammas 5
 """
 
 from __future__ import annotations
@@ -31,11 +32,13 @@ def main(argv=None) -> None:
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-decode-length", type=int, default=64)
-    ap.add_argument("--size", default="mini")
+    ap.add_argument("--size", default="mini", choices=["mini", "small"])
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the target's dtype")
+    ap.add_argument("--draft-dtype", default=None, choices=["float32", "bfloat16"],
+                    help="the draft's dtype (default: --dtype)")
     args = ap.parse_args(argv)
 
-    kwargs = {} if args.size == "mini" else {"size": args.size}
-    target, draft, tok = specjax.load_default_pair(**kwargs)
+    target, draft, tok = specjax.load_default_pair(size=args.size, dtype=args.dtype, draft_dtype=args.draft_dtype)
     lines = (DATA / "train/multi30k/test_2016_flickr.en").read_text().splitlines()[:args.lines]
     T = args.max_decode_length
     print(f"jax {jax.__version__}, {jax.default_backend()}; {len(lines)} Multi30k test lines; "
