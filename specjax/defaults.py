@@ -48,10 +48,10 @@ def default_size() -> str:
 
     Issue 12 makes "small" the default once it meets all its goals; since the twenty-second session it does on
     the machine it was measured on: its target's greedy BLEU on Multi30k test 2016 is 31.63 (goal 30; the mini
-    target: 25.6), its distilled draft's α 0.737 / 0.703 at temperature 0 / 1 (goal 0.7 / 0.6), and speculative
-    sampling (bfloat16 target, float32 draft, γ 4-6) ran 2.03-2.19x the float32 target alone (the fastest target
-    alone on a CPU) in five runs, batch 1, temperature 0, 24 Multi30k test lines (goal 2x; 1.86-1.94x on the
-    twenty-first session's machine); ``specjax demo`` printed 2.04x, the mini pair's 1.02x
+    target: 25.6), its distilled draft's α 0.758 / 0.725 at temperature 0 / 1 on test lines (goal 0.7 / 0.6), and
+    speculative sampling (bfloat16 target, float32 draft, γ 4-5, batch 1, temperature 0, 24 Multi30k test lines)
+    ran 2.0-2.2x the float32 target alone (the fastest target alone on a CPU; goal 2x; 1.86-1.94x on the
+    twenty-first session's machine with the draft before); ``specjax demo`` printed 2.04x, the mini pair's 1.02x
     (``small_pair/TRAINING.md``, twenty-second session). "mini" stays one flag away (``--size mini``) and is what
     the tests use where a faster model serves."""
     return "small"
