@@ -151,17 +151,17 @@ def test_alpha_agrees_with_the_accepted_tokens_per_call_at_gamma_one(temperature
 def test_sizes_and_the_default_size():
     """``load_default_pair(size=...)``: "mini" is the 13.5M/1.45M pair; "small" is the 46.0M target with a 4.28M
     distilled draft (2 decoder layers, eighteenth session) and a 4.94M reference draft (4), shipped in bfloat16,
-    the CLI's default since it met issue 12's goals (twenty-second session)."""
+    opt-in: the CLI's default stays "mini" until the small pair meets every goal of issue 12 in every run."""
     from specjax import defaults
 
     target, draft, _ = load_default_pair(size="mini")
     assert (round(target.num_params / 1e6, 1), round(draft.num_params / 1e6, 2)) == (13.5, 1.45)
     with pytest.raises(ValueError, match="size must be one of"):
         load_default_pair(size="large")
-    # The small pair ships in this version (issue 12); a checkout without it is a broken install. It is the
-    # default: it met every goal of the issue on the machine it was measured on.
+    # The small pair ships in this version (issue 12); a checkout without it is a broken install. It is opt-in:
+    # its 2x speed goal held in six of nine runs on the machine it was measured on, so the default stays "mini".
     assert defaults._shipped("small"), "specjax/assets/small_pair is incomplete"
-    assert defaults.default_size() == "small"
+    assert defaults.default_size() == "mini"
     target, draft, _ = load_default_pair(size="small")
     assert (round(target.num_params / 1e6, 1), round(draft.num_params / 1e6, 2)) == (46.0, 4.28)
     assert (draft.config.num_encoder_layers, draft.config.num_decoder_layers) == (6, 2)
