@@ -295,8 +295,8 @@ def _bench_variants(tmp, *flags):
     """Runs `specjax bench` on the shipped pair with ``flags``; returns (out dir, results.json records)."""
     (tmp / "in.en").write_text(_VARIANT_INPUTS)
     out = tmp / "out"
-    argv = ["bench", "--size", "mini", "--input", str(tmp / "in.en"), "--gammas", "2", "--temperatures", "0", "--max-decode-length",
-            "6", "--cost-steps", "2", "--no-plots", "--no-quality", "--out", str(out), *flags]
+    argv = ["bench", "--size", "mini", "--input", str(tmp / "in.en"), "--gammas", "2", "--temperatures", "0",
+            "--max-decode-length", "6", "--cost-steps", "2", "--no-plots", "--no-quality", "--out", str(out), *flags]
     assert main(argv) == 0
     return out, json.loads((out / "results.json").read_text())["records"]
 
