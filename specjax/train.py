@@ -623,29 +623,36 @@ def _gather_log_probs(log_probs: np.ndarray, offsets: np.ndarray, sel: np.ndarra
 
 
 def teacher_outputs(teacher: T5Model, src: Sequence[np.ndarray], *, batch_size: int = 128,
-                    max_decode_length: int = BUCKETS[-1], progress: bool = True) -> list[np.ndarray]:
-    """The teacher's greedy outputs (token ids, EOS included) for every source row: DistillSpec's
-    "target-generated" training data (Zhou et al. 2023, section 3; sequence-level KD, Kim & Rush 2016).
+                    max_decode_length: int = BUCKETS[-1], progress: bool = True, temperature: float = 0.0,
+                    seed: int = 0) -> list[np.ndarray]:
+    """The teacher's outputs (token ids, EOS included) for every source row: DistillSpec's "target-generated"
+    training data (Zhou et al. 2023, section 3; sequence-level KD, Kim & Rush 2016).
 
-    Rows are sorted by length and decoded in padded batches with ``temperature_sample`` at temperature 0.
-    Returns a list aligned with ``src`` of int32 arrays.
+    Rows are sorted by length and decoded in padded batches with ``temperature_sample``: greedy at
+    ``temperature`` 0 (the default), else sampled from the teacher's distribution at that temperature
+    (DistillSpec's sampled teacher data; batch ``j`` of the sorted rows uses key ``fold_in(PRNGKey(seed), j)``,
+    so a seed gives the same samples again). Returns a list aligned with ``src`` of int32 arrays.
+    Raises ValueError for a negative or non-finite ``temperature``.
     """
+    if not (math.isfinite(temperature) and temperature >= 0.0):
+        raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got {temperature!r}.")
     from tqdm.auto import tqdm
 
     from specjax.decoding import temperature_sample
 
     order = np.argsort([len(s) for s in src], kind="stable")
     out: list[np.ndarray | None] = [None] * len(src)
-    for start in tqdm(range(0, len(order), batch_size), desc="teacher outputs", unit="batch",
-                      disable=not progress):
+    desc = "teacher outputs" if temperature == 0.0 else f"teacher samples (temperature {temperature:g})"
+    for start in tqdm(range(0, len(order), batch_size), desc=desc, unit="batch", disable=not progress):
         idx = order[start:start + batch_size]
         length = _bucket(max(len(src[i]) for i in idx))
         x = np.zeros((batch_size, length), np.int32)
         for r, i in enumerate(idx):
             x[r, :len(src[i])] = src[i]
         x[len(idx):] = x[0]  # fixed batch shape; extra rows dropped
-        res = jax.device_get(temperature_sample(teacher, x, rng=jax.random.PRNGKey(0),
-                                                max_decode_length=max_decode_length, temperature=0.0))
+        rng = jax.random.fold_in(jax.random.PRNGKey(seed), start // batch_size)
+        res = jax.device_get(temperature_sample(teacher, x, rng=rng, max_decode_length=max_decode_length,
+                                                temperature=temperature))
         for r, i in enumerate(idx):
             out[i] = np.asarray(res.sequences[r, :res.lengths[r]], np.int32)
     return out

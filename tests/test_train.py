@@ -555,3 +555,80 @@ def test_dropout_shared_along_an_axis_keeps_one_decision_along_it():
     # 12,000 Bernoulli(0.2) decisions: 5 standard deviations (significance ~6e-7)
     assert abs(d[:, 0].mean() - 0.2) < 5 * np.sqrt(0.2 * 0.8 / d[:, 0].size)
     np.testing.assert_allclose(y[~d], 1 / 0.8, rtol=1e-6)
+
+
+def test_teacher_samples_follow_the_teachers_distribution():
+    """``teacher_outputs(..., temperature=1)`` (``specjax train --teacher-samples``) draws from the teacher's
+    own distribution: over 1,536 samples for one source, the first tokens' counts match the teacher's exact
+    first-token probabilities (softmax of its logits; chi-square test, significance level 0.001, bins with an
+    expected count below 5 merged). The same seed gives the same samples, another seed others, and temperature
+    0 gives the greedy output in every row."""
+    from scipy import stats
+
+    from specjax.cli.train import _model_sizes
+    from specjax.models import t5
+    from specjax.models.t5 import T5Model
+
+    config = _model_sizes()["draft"].replace(vocab_size=300)
+    params = t5.init_params(config, 5)
+    # Sharpen the logits (a random initialisation is near uniform) so the test has a shape to find.
+    params["decoder"]["logits_dense"]["kernel"] = params["decoder"]["logits_dense"]["kernel"] * 6.0
+    teacher = T5Model(config, params)
+    source = np.asarray([17, 42, 99, 7, 1], np.int32)
+    n = 1536
+    samples = tr.teacher_outputs(teacher, [source] * n, temperature=1.0, seed=1, progress=False)
+    again = tr.teacher_outputs(teacher, [source] * n, temperature=1.0, seed=1, progress=False)
+    other = tr.teacher_outputs(teacher, [source] * n, temperature=1.0, seed=2, progress=False)
+    assert all(np.array_equal(a, b) for a, b in zip(samples, again))
+    assert sum(not np.array_equal(a, b) for a, b in zip(samples, other)) > n // 2
+    first = np.asarray([s[0] for s in samples])
+    logits = t5.logits(config, params, source[None], np.zeros((1, 1), np.int32))[0, 0]
+    probs = np.asarray(jax.nn.softmax(logits), np.float64)
+    probs /= probs.sum()
+    expected = probs * n
+    big = expected >= 5
+    assert big.sum() >= 5  # enough bins for the test to have power
+    observed = np.bincount(first, minlength=300)
+    obs = np.append(observed[big], observed[~big].sum())
+    exp = np.append(expected[big], expected[~big].sum())
+    assert stats.chisquare(obs, exp).pvalue > 1e-3, (obs, exp)
+    greedy = tr.teacher_outputs(teacher, [source] * 4, progress=False)
+    assert all(np.array_equal(g, greedy[0]) for g in greedy) and greedy[0][0] == int(np.argmax(probs))
+    with pytest.raises(ValueError, match="temperature"):
+        tr.teacher_outputs(teacher, [source], temperature=-1.0, progress=False)
+
+
+def test_teacher_samples_flag_adds_sampled_targets_and_refuses_a_mismatched_resume(tmp_path, data_dir, vocab500,
+                                                                                    capsys):
+    """``specjax train --teacher-samples 1``: RUN_DIR/teacher_outputs.npz holds the teacher's greedy output for
+    each of the 40 sources, then one sample each (exactly ``teacher_outputs`` at temperature 1, seed 1); a
+    resume with another count, and the flag without the teacher's outputs as targets, are refused with a
+    message and exit code 2."""
+    from specjax.checkpoints import save_checkpoint
+    from specjax.cli.train import _model_sizes
+    from specjax.models.t5 import T5Model
+    from specjax.tokenizer import Tokenizer
+
+    config = _model_sizes()["draft"].replace(vocab_size=500)
+    teacher = T5Model.random(config, seed=11)
+    save_checkpoint(teacher, tmp_path / "teacher", format="hf")
+    d = data_dir / "train" / "multi30k"
+    args = ["train", "--run-dir", str(tmp_path / "r"), "--model", "draft", "--source", str(d / "train.en"),
+            "--target-text", str(d / "train.de"), "--vocab", str(vocab500), "--max-examples", "40",
+            "--tokens-per-batch", "256", "--steps", "1", "--objective", "distill", "--teacher",
+            str(tmp_path / "teacher")]
+    assert main(args + ["--teacher-samples", "1"]) == 0
+    saved = np.load(tmp_path / "r" / "teacher_outputs.npz")
+    got = np.split(saved["flat"], saved["ends"][:-1])
+    sources, refs = tr.read_parallel(d / "train.en", d / "train.de")
+    src, _ = tr.tokenize_pairs(Tokenizer(str(vocab500), extra_ids=0), sources[:40], refs[:40])
+    want = (tr.teacher_outputs(teacher, src, progress=False)
+            + tr.teacher_outputs(teacher, src, temperature=1.0, seed=1, progress=False))
+    assert len(got) == 80 and all(np.array_equal(a, b) for a, b in zip(got, want))
+    assert any(not np.array_equal(a, b) for a, b in zip(want[:40], want[40:]))
+    capsys.readouterr()
+    assert main(args + ["--teacher-samples", "2", "--steps", "2"]) == 2
+    assert "--teacher-samples" in capsys.readouterr().err
+    args[args.index("distill")] = "reference"
+    assert main(args[:-2] + ["--run-dir", str(tmp_path / "q"), "--teacher-samples", "1"]) == 2
+    assert "--teacher-samples" in capsys.readouterr().err and not (tmp_path / "q").exists()
