@@ -200,6 +200,10 @@ def test_profile_reader_on_a_known_loop():
         counts[scope].append(per_iteration)
     assert max(counts["draft"]) == pytest.approx(3.0) and max(counts["verify"]) == pytest.approx(1.0)
     assert p.thunks_per_iteration >= 4  # at least the 3 draft matmuls and the verify matmul
+    # Outside the loop, per call: the encode's matmul once (the fixed per-call cost's thunks).
+    encode_runs = [per_call for _op, scope, ms, per_call in p.top_outside_ops if scope == "encode"]
+    assert encode_runs and max(encode_runs) == pytest.approx(1.0)
+    assert all(ms >= 0 for _op, _s, ms, _c in p.top_outside_ops)
 
 
 def test_protobuf_wire_reader():

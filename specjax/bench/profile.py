@@ -204,6 +204,8 @@ class CallsProfile:
       fixed_ms: traced_call_ms − loop_ms (both from the traced calls, so a busy machine moves both alike).
       module: the decode program's name.
       top_ops: the 12 costliest thunks of the loop: (op, scope, ms per iteration, executions per iteration).
+      top_outside_ops: the 12 costliest thunks of the decode program outside the loop (the fixed per-call cost:
+        encoders, conversions): (op, scope, ms per call, executions per call).
     """
     calls: int
     iterations: int
@@ -219,6 +221,7 @@ class CallsProfile:
     fixed_ms: float
     module: str
     top_ops: list[tuple[str, str, float, float]]
+    top_outside_ops: list[tuple[str, str, float, float]] = dataclasses.field(default_factory=list)
 
 
 def _span(evs) -> float:
@@ -227,7 +230,7 @@ def _span(evs) -> float:
 
 def _analyse_run(evs, ops: dict[str, _Op], comps: dict[int, str], entry: str):
     """One execution of the decode program -> (loop ns, iterations, scope ns, thunks in loop, outside ns,
-    per-op (ns, count) in loop)."""
+    per-op (ns, count) in loop, scope function, per-op (ns, count) outside the loop)."""
     entry_ids = {cid for cid, name in comps.items() if name == entry}
     loops = [(d, name) for name, s, d in evs if name in ops and ops[name].opcode == "while"
              and ops[name].computation in entry_ids]
@@ -275,6 +278,7 @@ def _analyse_run(evs, ops: dict[str, _Op], comps: dict[int, str], entry: str):
     loop_ns = _span([e for e in evs if e[0] == loop_op or (e[0] in ops and ops[e[0]].computation in inside)])
     scope_ns, outside_ns = collections.Counter(), collections.Counter()
     per_op = collections.defaultdict(lambda: [0.0, 0])
+    per_op_outside = collections.defaultdict(lambda: [0.0, 0])
     thunks = 0
     for name, _, d in evs:
         op = ops.get(name)
@@ -288,7 +292,9 @@ def _analyse_run(evs, ops: dict[str, _Op], comps: dict[int, str], entry: str):
                 per_op[name][1] += 1
         elif op.opcode not in _CONTAINERS:
             outside_ns["encode" if scope(name) == "encode" else "other"] += d
-    return loop_ns, iterations, scope_ns, thunks, outside_ns, per_op, scope
+            per_op_outside[name][0] += d
+            per_op_outside[name][1] += 1
+    return loop_ns, iterations, scope_ns, thunks, outside_ns, per_op, scope, per_op_outside
 
 
 def profile_calls(call: Callable[[int], object], num: int, *, warmup: bool = True, log_dir: str | None = None) -> CallsProfile:
@@ -335,6 +341,7 @@ def profile_calls(call: Callable[[int], object], num: int, *, warmup: bool = Tru
     loop_ns = iterations = thunks = 0
     scope_ns, outside_ns = collections.Counter(), collections.Counter()
     per_op = collections.defaultdict(lambda: [0.0, 0])
+    per_op_outside = collections.defaultdict(lambda: [0.0, 0])
     scope_fn = None
     runs = 0
     for (mod, run), evs in trace.events.items():
@@ -344,15 +351,16 @@ def profile_calls(call: Callable[[int], object], num: int, *, warmup: bool = Tru
         if res is None:
             continue
         runs += 1
-        l, it, s, th, o, po, scope_fn = res
+        l, it, s, th, o, po, scope_fn, poo = res
         loop_ns += l
         iterations += it
         thunks += th
         scope_ns.update(s)
         outside_ns.update(o)
-        for k, (d, c) in po.items():
-            per_op[k][0] += d
-            per_op[k][1] += c
+        for acc, got in ((per_op, po), (per_op_outside, poo)):
+            for k, (d, c) in got.items():
+                acc[k][0] += d
+                acc[k][1] += c
     other = collections.Counter()
     for (mod, run), evs in trace.events.items():
         if mod != main:
@@ -360,6 +368,8 @@ def profile_calls(call: Callable[[int], object], num: int, *, warmup: bool = Tru
     busy_ns = sum(_span(evs) for evs in trace.events.values())
     it = max(1, iterations)
     top = sorted(per_op.items(), key=lambda kv: -kv[1][0])[:12]
+    top_outside = sorted(per_op_outside.items(), key=lambda kv: -kv[1][0])[:12]
+    n = max(1, runs)
     return CallsProfile(
         calls=runs, iterations=iterations, call_ms=call_ms, traced_call_ms=traced_call_ms,
         loop_ms=loop_ns / max(1, runs) / 1e6, iteration_ms=loop_ns / it / 1e6,
@@ -369,7 +379,8 @@ def profile_calls(call: Callable[[int], object], num: int, *, warmup: bool = Tru
         other_programs_ms={k: v / max(1, runs) / 1e6 for k, v in other.items()},
         host_ms=traced_call_ms - busy_ns / max(1, runs) / 1e6,
         fixed_ms=traced_call_ms - loop_ns / max(1, runs) / 1e6, module=main,
-        top_ops=[(k, scope_fn(k) if scope_fn else "", d / it / 1e6, c / it) for k, (d, c) in top])
+        top_ops=[(k, scope_fn(k) if scope_fn else "", d / it / 1e6, c / it) for k, (d, c) in top],
+        top_outside_ops=[(k, scope_fn(k) if scope_fn else "", d / n / 1e6, c / n) for k, (d, c) in top_outside])
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -526,5 +537,9 @@ def format_profile(report: dict) -> str:
                   "| costliest loop thunks | scope | ms per iteration | runs per iteration |", "|---|---|---|---|"]
         for op, s, ms, c in p["top_ops"]:
             lines.append(f"| `{op}` | {s} | {ms:.3f} | {c:.1f} |")
+        if p.get("top_outside_ops"):
+            lines += ["", "| costliest thunks outside the loop | scope | ms per call | runs per call |", "|---|---|---|---|"]
+            for op, s, ms, c in p["top_outside_ops"]:
+                lines.append(f"| `{op}` | {s} | {ms:.3f} | {c:.1f} |")
         lines.append("")
     return "\n".join(lines)
