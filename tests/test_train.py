@@ -601,9 +601,10 @@ def test_teacher_samples_follow_the_teachers_distribution():
 def test_teacher_samples_flag_adds_sampled_targets_and_refuses_a_mismatched_resume(tmp_path, data_dir, vocab500,
                                                                                     capsys):
     """``specjax train --teacher-samples 1``: RUN_DIR/teacher_outputs.npz holds the teacher's greedy output for
-    each of the 40 sources, then one sample each (exactly ``teacher_outputs`` at temperature 1, seed 1); a
-    resume with another count, and the flag without the teacher's outputs as targets, are refused with a
-    message and exit code 2."""
+    each of the 40 sources, then one sample each (exactly ``teacher_outputs`` at temperature 1, seed 1); with
+    ``--student-samples 1`` the greedy outputs then one sample each of the ``--init-from`` model. A resume with
+    another count, the flags without the teacher's outputs as targets, and student samples without
+    ``--init-from`` are refused with a message and exit code 2."""
     from specjax.checkpoints import save_checkpoint
     from specjax.cli.train import _model_sizes
     from specjax.models.t5 import T5Model
@@ -629,6 +630,19 @@ def test_teacher_samples_flag_adds_sampled_targets_and_refuses_a_mismatched_resu
     capsys.readouterr()
     assert main(args + ["--teacher-samples", "2", "--steps", "2"]) == 2
     assert "--teacher-samples" in capsys.readouterr().err
+    # --student-samples: after the teacher's outputs, samples of the --init-from model (the student as it starts).
+    student = T5Model.random(config, seed=12)
+    save_checkpoint(student, tmp_path / "student", format="hf")
+    assert main(args[:2] + [str(tmp_path / "s")] + args[3:] + ["--student-samples", "1", "--init-from",
+                                                                str(tmp_path / "student")]) == 0
+    saved = np.load(tmp_path / "s" / "teacher_outputs.npz")
+    got = np.split(saved["flat"], saved["ends"][:-1])
+    from specjax.cli.train import STUDENT_SEED
+    want_s = tr.teacher_outputs(student, src, temperature=1.0, seed=STUDENT_SEED + 1, progress=False)
+    assert len(got) == 80 and all(np.array_equal(a, b) for a, b in zip(got, want[:40] + want_s))
+    capsys.readouterr()
+    assert main(args[:2] + [str(tmp_path / "u")] + args[3:] + ["--student-samples", "1"]) == 2
+    assert "--init-from" in capsys.readouterr().err and not (tmp_path / "u").exists()
     args[args.index("distill")] = "reference"
     assert main(args[:-2] + ["--run-dir", str(tmp_path / "q"), "--teacher-samples", "1"]) == 2
     assert "--teacher-samples" in capsys.readouterr().err and not (tmp_path / "q").exists()

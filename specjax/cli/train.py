@@ -9,6 +9,8 @@ from pathlib import Path
 from specjax.config import PRESETS
 
 DATA = Path("../shared/data/train/multi30k")
+STUDENT_SEED = 1000
+"""``--student-samples``: round k draws with seed ``STUDENT_SEED + k`` (the teacher's round k with seed k)."""
 
 
 def add_parser(sub) -> None:
@@ -45,6 +47,10 @@ def add_parser(sub) -> None:
                    help="with --train-on teacher: N more training targets per source, sampled from the teacher at "
                         "temperature 1 (DistillSpec's sampled teacher data; each source then appears N + 1 times, "
                         "once with the greedy output), computed once into RUN_DIR/teacher_outputs.npz (default 0)")
+    p.add_argument("--student-samples", type=int, default=0, metavar="N",
+                   help="with --train-on teacher and --init-from: N more training targets per source, sampled at "
+                        "temperature 1 from the --init-from model (the draft as it starts: DistillSpec's on-policy "
+                        "data, drawn once), after the teacher's; cached with them (default 0)")
     p.add_argument("--no-teacher-cache", dest="cache_teacher", action="store_false",
                    help="distill: run the teacher's forward pass in every step instead of computing its "
                         "log-probabilities once into RUN_DIR/teacher_logprobs.f16 (float16, ~16 KB per target "
@@ -229,9 +235,17 @@ def _run(args: argparse.Namespace) -> int:
         sources, references = sources[:args.max_examples], references[:args.max_examples]
     src, tgt = tr.tokenize_pairs(tokenizer, sources, references)
     train_on = args.train_on or ("teacher" if args.objective == "distill" else "references")
-    if args.teacher_samples < 0 or (args.teacher_samples and train_on != "teacher"):
-        raise ValueError(f"--teacher-samples {args.teacher_samples}: give an int >= 0, and only with the teacher's "
-                         "outputs as training targets (--objective distill or --train-on teacher).")
+    for flag, value in (("--teacher-samples", args.teacher_samples), ("--student-samples", args.student_samples)):
+        if value < 0 or (value and train_on != "teacher"):
+            raise ValueError(f"{flag} {value}: give an int >= 0, and only with the teacher's outputs as training "
+                             "targets (--objective distill or --train-on teacher).")
+    if args.student_samples and not args.init_from:
+        raise ValueError("--student-samples samples from the draft it starts from: pass --init-from CHECKPOINT.")
+    init = None
+    if args.init_from:
+        from specjax.checkpoints import load_checkpoint
+
+        init = load_checkpoint(args.init_from, dtype=config.param_dtype)
     teacher = None
     if args.objective == "distill" or train_on == "teacher":
         if not args.teacher:
@@ -245,26 +259,24 @@ def _run(args: argparse.Namespace) -> int:
                              f"{config.vocab_size}; pass the teacher's own spiece.model as --vocab.")
     if train_on == "teacher":
         cache = run_dir / "teacher_outputs.npz"
-        copies = 1 + args.teacher_samples  # the greedy outputs, then each round of samples, source by source
+        # The greedy outputs, then each round of the teacher's samples, then the student's, source by source.
+        copies = 1 + args.teacher_samples + args.student_samples
         if cache.exists():  # resumable: the teacher's outputs are computed once per run directory
             saved = np.load(cache)
             tgt = [np.asarray(t, np.int32) for t in np.split(saved["flat"], saved["ends"][:-1])]
             if len(tgt) != copies * len(src):
                 raise ValueError(f"{cache} holds {len(tgt)} teacher outputs, not {copies} x {len(src)} sources: "
-                                 "it was made with another --teacher-samples or other data; resume with the "
-                                 "run's own flags, or start a new --run-dir.")
+                                 "it was made with other --teacher-samples / --student-samples or other data; "
+                                 "resume with the run's own flags, or start a new --run-dir.")
         else:
             tgt = tr.teacher_outputs(teacher, src)
-            for k in range(1, copies):
+            for k in range(1, 1 + args.teacher_samples):
                 tgt += tr.teacher_outputs(teacher, src, temperature=1.0, seed=k)
+            for k in range(1, 1 + args.student_samples):
+                tgt += tr.teacher_outputs(init.astype("float32"), src, temperature=1.0, seed=STUDENT_SEED + k)
             ends = np.cumsum([len(t) for t in tgt])
             np.savez(cache, flat=np.concatenate(tgt), ends=ends)
         src = list(src) * copies
-    init = None
-    if args.init_from:
-        from specjax.checkpoints import load_checkpoint
-
-        init = load_checkpoint(args.init_from, dtype=config.param_dtype)
     import signal
     import threading
 
