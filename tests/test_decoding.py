@@ -631,3 +631,46 @@ def test_mixed_sampling_rows_each_match_their_own_distribution(tiny_pair, gamma)
         print(f"\nrow {i} {MIXED_ROWS[i]} gamma={gamma}: bins={bins} chi2={result.statistic:.1f} "
               f"p={result.pvalue:.3f}")
         assert result.pvalue > SIGNIFICANCE
+
+
+def test_bfloat16_decode_params_hand_over_a_float32_embedding_with_the_same_outputs():
+    """``T5Model.decoding_model()`` of a bfloat16 T5 1.1 model on the CPU hands the loops a float32 copy of the
+    token embedding (XLA:CPU has no bfloat16 gather), made once and kept; the stored parameters are untouched,
+    and the decoder's logits and a speculative call's output are bit for bit those of the stored bfloat16
+    table (the rows are cast back to bfloat16). Tied-embedding (T5 1.0) and float32 models, and a model traced
+    inside a user's jit, are handed their own parameters."""
+    from specjax.models import t5
+    from specjax.models.adapter import T5Decoding
+
+    config = T5Config(vocab_size=97, d_model=32, num_heads=2, head_dim=16, mlp_dim=48, num_encoder_layers=1,
+                      num_decoder_layers=2, name="tiny")
+    model = T5Model.random(config, seed=3).astype("bfloat16")
+    fns, params = model.decoding_model()
+    assert params["token_embedder"]["embedding"].dtype == jnp.float32
+    assert model.params["token_embedder"]["embedding"].dtype == jnp.bfloat16
+    assert model.decoding_model()[1] is params  # made once
+    np.testing.assert_array_equal(np.asarray(params["token_embedder"]["embedding"]),
+                                  np.asarray(model.params["token_embedder"]["embedding"], np.float32))
+    x = jnp.asarray([[5, 9, 14, 3, 1, 0]], jnp.int32)
+    tokens = jnp.asarray([[0, 7, 11]], jnp.int32)
+
+    @jax.jit
+    def window_logits(p):
+        encoded = t5.encode(model.config, p, x)
+        cache = t5.init_cache(model.config, 1, 8)
+        return t5.decode(model.config, p, encoded, tokens, cache, jnp.zeros((1,), jnp.int32))[0]
+
+    np.testing.assert_array_equal(np.asarray(window_logits(params)), np.asarray(window_logits(model.params)))
+    draft = T5Model.random(config.replace(num_decoder_layers=1), seed=4)
+    kw = dict(gamma=3, max_decode_length=12, rng=jax.random.PRNGKey(1))
+    for temperature in (0.0, 1.0):
+        got = speculative_sample(model, draft, x, temperature=temperature, **kw)
+        stored = speculative_sample((T5Decoding(model.config), model.params), draft, x, temperature=temperature, **kw)
+        np.testing.assert_array_equal(np.asarray(got.sequences), np.asarray(stored.sequences))
+    tied = T5Model.random(config.replace(logits_via_embedding=True), seed=3).astype("bfloat16")
+    assert tied.decoding_model()[1] is tied.params
+    f32 = T5Model.random(config, seed=3)
+    assert f32.decoding_model()[1] is f32.params
+    seen = []
+    jax.jit(lambda m: seen.append(m.decoding_model()[1]["token_embedder"]["embedding"].dtype) or 0)(model)
+    assert seen == [jnp.bfloat16]  # traced: the parameters as they are, nothing cached from the trace

@@ -727,9 +727,42 @@ class T5Model:
         return T5Model(cfg, jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype), self.params))
 
     def decoding_model(self):
-        """``(DecodingModel, params)``: how the decode loops see this model (``specjax.models.adapter``)."""
+        """``(DecodingModel, params)``: how the decode loops see this model (``specjax.models.adapter``).
+
+        The parameters are ``self.params``, except on a CPU for a bfloat16 / float16 model with its own logits
+        kernel (T5 1.1; not ``logits_via_embedding``): there ``token_embedder/embedding`` [v, d] is handed over
+        as a float32 copy, made on the first call and kept on this object (4 bytes per entry more: 16 MB for
+        the small target, 0.5 GB for T5-XXL). XLA:CPU has no bfloat16 gather, so with the table as stored every
+        decode call converted all of it to float32 to look up a few rows (2-4 ms a call for the small target's
+        8000 x 512, about 5 % of a batch-1 speculative call; ``benchmarks/results/small_pair/session23``). The
+        rows looked up are cast to the compute dtype as before, so every output is the same bit for bit. Traced
+        parameters (a ``T5Model`` argument of a user's ``jax.jit``) are passed as they are.
+        """
         from specjax.models.adapter import T5Decoding
-        return T5Decoding(self.config), self.params
+        return T5Decoding(self.config), self._decode_params()
+
+    def _decode_params(self) -> Params:
+        cached = self.__dict__.get("_decode_params_cache")
+        if cached is not None:
+            return cached
+        params = self.params
+        table = params.get("token_embedder", {}).get("embedding") if isinstance(params, dict) else None
+        if (table is None or self.config.logits_via_embedding or isinstance(table, jax.core.Tracer)
+                or jnp.dtype(table.dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+                or not _on_cpu(table)):
+            return params
+        embedder = dict(params["token_embedder"], embedding=jnp.asarray(table, jnp.float32))
+        decode_params = dict(params, token_embedder=embedder)
+        object.__setattr__(self, "_decode_params_cache", decode_params)  # frozen dataclass: a cache, not a field
+        return decode_params
+
+
+def _on_cpu(x) -> bool:
+    """True when the array lives on CPU devices (a NumPy array: when JAX's default backend is the CPU)."""
+    devices = getattr(x, "devices", None)
+    if callable(devices):
+        return all(d.platform == "cpu" for d in devices())
+    return jax.default_backend() == "cpu"
 
 
 # A pytree (params the leaves, the config static), so a T5Model can be a jit / shard_map / pmap argument.
