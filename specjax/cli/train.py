@@ -236,11 +236,14 @@ def _run(args: argparse.Namespace) -> int:
     src, tgt = tr.tokenize_pairs(tokenizer, sources, references)
     train_on = args.train_on or ("teacher" if args.objective == "distill" else "references")
     for flag, value in (("--teacher-samples", args.teacher_samples), ("--student-samples", args.student_samples)):
-        if value < 0 or (value and train_on != "teacher"):
-            raise ValueError(f"{flag} {value}: give an int >= 0, and only with the teacher's outputs as training "
-                             "targets (--objective distill or --train-on teacher).")
+        if value < 0:
+            raise ValueError(f"{flag} must be an int >= 0, got {value}.")
+        if value and train_on != "teacher":
+            raise ValueError(f"{flag} {value} adds to the teacher's outputs as training targets: use it with "
+                             "--objective distill --teacher CHECKPOINT (or --train-on teacher).")
     if args.student_samples and not args.init_from:
-        raise ValueError("--student-samples samples from the draft it starts from: pass --init-from CHECKPOINT.")
+        raise ValueError(f"--student-samples {args.student_samples} draws from the draft that training starts from: "
+                         "pass --init-from CHECKPOINT.")
     init = None
     if args.init_from:
         from specjax.checkpoints import load_checkpoint
