@@ -631,7 +631,8 @@ def teacher_outputs(teacher: T5Model, src: Sequence[np.ndarray], *, batch_size: 
     Rows are sorted by length and decoded in padded batches with ``temperature_sample``: greedy at
     ``temperature`` 0 (the default), else sampled from the teacher's distribution at that temperature
     (DistillSpec's sampled teacher data; batch ``j`` of the sorted rows uses key ``fold_in(PRNGKey(seed), j)``,
-    so a seed gives the same samples again). Returns a list aligned with ``src`` of int32 arrays.
+    so a seed gives the same samples again). Any model can stand in for the teacher (``specjax train
+    --student-samples`` draws the draft's own). Returns a list aligned with ``src`` of int32 arrays.
     Raises ValueError for a negative or non-finite ``temperature``.
     """
     if not (math.isfinite(temperature) and temperature >= 0.0):

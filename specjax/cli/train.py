@@ -275,8 +275,9 @@ def _run(args: argparse.Namespace) -> int:
             tgt = tr.teacher_outputs(teacher, src)
             for k in range(1, 1 + args.teacher_samples):
                 tgt += tr.teacher_outputs(teacher, src, temperature=1.0, seed=k)
+            student = init.astype("float32") if args.student_samples else None
             for k in range(1, 1 + args.student_samples):
-                tgt += tr.teacher_outputs(init.astype("float32"), src, temperature=1.0, seed=STUDENT_SEED + k)
+                tgt += tr.teacher_outputs(student, src, temperature=1.0, seed=STUDENT_SEED + k)
             ends = np.cumsum([len(t) for t in tgt])
             np.savez(cache, flat=np.concatenate(tgt), ends=ends)
         src = list(src) * copies
