@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -236,3 +237,39 @@ def test_run_time_encoder_width_equals_whole_width(setup, longest):
     # One program holds every width below s and s itself.
     hlo = jax.jit(dm.encode).lower(model.params, enc).as_text()
     assert "case" in hlo or "conditional" in hlo
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_float32_attention_memory_gives_the_same_logits_bit_for_bit(setup, dtype):
+    """A bfloat16 / float16 model's decoder with its self-attention cache and cross-attention keys/values held
+    in float32 (``T5Decoding(kv_dtype="float32")``, what ``T5Model.decoding_model()`` picks on CPU): every
+    window's logits equal those of the compute-dtype memory bit for bit, over windows of mixed sizes at
+    per-row positions (stale slots written and masked), and the float32 cache holds exactly the compute-dtype
+    cache's values. ``decoding_model()`` picks float32 for low-precision models only."""
+    from specjax.models.adapter import T5Decoding
+
+    cfg, model, _, dec, _ = setup
+    low = model.astype(dtype)
+    enc = np.asarray(np.random.default_rng(5).integers(3, cfg.vocab_size, size=(2, 9)), np.int32)
+    enc[1, 4:] = 0
+    plain, wide = T5Decoding(low.config), T5Decoding(low.config, kv_dtype="float32")
+    step = jax.jit(lambda dm, p, e, t, c, pos: dm.decode(p, e, t, c, pos), static_argnums=0)
+    memories = [jax.jit(dm.encode)(low.params, enc) for dm in (plain, wide)]
+    assert memories[0].cross_k[0].dtype == jnp.dtype(dtype) and memories[1].cross_k[0].dtype == jnp.float32
+    caches = [plain.init_cache(2, T + 8), wide.init_cache(2, T + 8)]
+    assert caches[1].k[0].dtype == jnp.float32
+    pos = np.zeros(2, np.int32)
+    rng = np.random.default_rng(0)
+    for k, advance in [(1, (1, 1)), (4, (2, 4)), (3, (3, 1)), (6, (1, 5)), (2, (2, 2))]:
+        window = np.asarray(rng.integers(2, cfg.vocab_size, size=(2, k)), np.int32)
+        out = []
+        for i, dm in enumerate((plain, wide)):
+            logits, caches[i] = step(dm, low.params, memories[i], window, caches[i], pos)
+            out.append(np.asarray(logits))
+        assert out[0].dtype == np.float32 and np.isfinite(out[0]).all()
+        np.testing.assert_array_equal(out[1], out[0])
+        pos = pos + np.asarray(advance, np.int32)
+    for a, b in zip(caches[0].k + caches[0].v, caches[1].k + caches[1].v):
+        np.testing.assert_array_equal(np.asarray(b), np.asarray(a, np.float32))
+    assert low.decoding_model()[0].kv_dtype == "float32"
+    assert model.decoding_model()[0].kv_dtype is None

@@ -637,7 +637,8 @@ def test_bfloat16_decode_params_hand_over_a_float32_embedding_with_the_same_outp
     """``T5Model.decoding_model()`` of a bfloat16 T5 1.1 model on the CPU hands the loops a float32 copy of the
     token embedding (XLA:CPU has no bfloat16 gather), made once and kept; the stored parameters are untouched,
     and the decoder's logits and a speculative call's output are bit for bit those of the stored bfloat16
-    table (the rows are cast back to bfloat16). Tied-embedding (T5 1.0) and float32 models, and a model traced
+    table (the rows are cast back to bfloat16) and a float32 attention memory (``kv_dtype``): the decode loops'
+    outputs equal those of the model as stored. Tied-embedding (T5 1.0) and float32 models, and a model traced
     inside a user's jit, are handed their own parameters."""
     from specjax.models import t5
     from specjax.models.adapter import T5Decoding
@@ -667,6 +668,11 @@ def test_bfloat16_decode_params_hand_over_a_float32_embedding_with_the_same_outp
         got = speculative_sample(model, draft, x, temperature=temperature, **kw)
         stored = speculative_sample((T5Decoding(model.config), model.params), draft, x, temperature=temperature, **kw)
         np.testing.assert_array_equal(np.asarray(got.sequences), np.asarray(stored.sequences))
+        # The target alone too (the float32 attention memory of decoding_model() against the stored dtype).
+        kw1 = dict(max_decode_length=12, rng=jax.random.PRNGKey(2), temperature=temperature)
+        np.testing.assert_array_equal(np.asarray(temperature_sample(model, x, **kw1).sequences),
+                                      np.asarray(temperature_sample((T5Decoding(model.config), model.params), x,
+                                                                    **kw1).sequences))
     tied = T5Model.random(config.replace(logits_via_embedding=True), seed=3).astype("bfloat16")
     assert tied.decoding_model()[1] is tied.params
     f32 = T5Model.random(config, seed=3)

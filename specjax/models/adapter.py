@@ -33,9 +33,16 @@ class T5Decoding:
     Attributes:
       config: ``T5Config``.
       encode_widths: see ``encode``; ``()`` encodes the whole padded width.
+      kv_dtype: dtype name of the attention memory the loops carry (the decoder's self-attention cache and the
+        cross-attention keys/values of ``encode``); None: the compute dtype. "float32" for a bfloat16 or
+        float16 model holds the same values (they are computed in the compute dtype and stored exactly), and
+        the logits are the same bit for bit, but XLA:CPU, which has no bfloat16 scatter or dot kernel, no
+        longer converts the whole cache to float32 and back around each window's write nor the
+        cross-attention memory in every window (``T5Model.decoding_model`` picks it on CPU).
     """
     config: t5.T5Config
     encode_widths: tuple[int, ...] = ENCODE_WIDTHS
+    kv_dtype: str | None = None
 
     @property
     def vocab_size(self) -> int:
@@ -61,7 +68,7 @@ class T5Decoding:
         s = encoder_input_tokens.shape[1]
         widths = run_time_widths(self.encode_widths, s)
         if len(widths) == 1:
-            return t5.encode(self.config, params, encoder_input_tokens)
+            return self._memory(t5.encode(self.config, params, encoder_input_tokens))
         tokens = jnp.asarray(encoder_input_tokens, jnp.int32)
         mask = tokens != self.config.pad_id
         used = jnp.max(jnp.where(mask, jnp.arange(1, s + 1, dtype=jnp.int32), 0))  # last real token + 1
@@ -69,7 +76,7 @@ class T5Decoding:
 
         def at_width(w):
             def run(tokens):
-                enc = t5.encode(self.config, params, tokens[:, :w])
+                enc = self._memory(t5.encode(self.config, params, tokens[:, :w]))
                 grow_k = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, s - w)))  # [b, n, h, s]
                 grow_v = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, s - w), (0, 0)))  # [b, n, s, h]
                 return t5.Encoded(mask, tuple(map(grow_k, enc.cross_k)), tuple(map(grow_v, enc.cross_v)))
@@ -77,10 +84,17 @@ class T5Decoding:
 
         return jax.lax.switch(index, [at_width(w) for w in widths], tokens)
 
+    def _memory(self, enc: t5.Encoded) -> t5.Encoded:
+        """``enc`` with its cross-attention keys/values in ``kv_dtype`` (unchanged when None)."""
+        if self.kv_dtype is None:
+            return enc
+        cast = lambda xs: tuple(x.astype(self.kv_dtype) for x in xs)
+        return t5.Encoded(enc.mask, cast(enc.cross_k), cast(enc.cross_v))
+
     def decode(self, params, encoded, tokens, cache, positions):
         """int32[b, k] at int32[b] -> (float32 logits [b, k, v], cache) (``specjax.models.t5.decode``)."""
         return t5.decode(self.config, params, encoded, tokens, cache, positions)
 
     def init_cache(self, batch, length):
         """An empty cache for ``batch`` rows and ``length`` positions (``specjax.models.t5.init_cache``)."""
-        return t5.init_cache(self.config, batch, length)
+        return t5.init_cache(self.config, batch, length, self.kv_dtype)
