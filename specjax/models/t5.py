@@ -297,9 +297,10 @@ class Projections(nn.Module):
 
         Keys and values are heads-first [b, n, s, h], and the small queries are moved heads-first too
         ([b, n, t, h]) before the dots, so every operand and output of both dot products has its batch dims
-        (b, n) leading: XLA:CPU then runs them without transposing copies of its own. A decode window's
-        attention measured 2.5-4.7x faster so (24-59 µs -> 5-21 µs a layer, small pair on the 2-core CPU,
-        ``benchmarks/results/small_pair/session24``). ``keys_hs``: the keys are [b, n, h, s] instead
+        (b, n) leading: XLA:CPU then runs them without transposing copies of its own. On the 2-core CPU the
+        small pair's self-attention measured 2.8-4.9x faster so (a bfloat16 window of 6 rows 58 -> 21 µs a
+        layer, a float32 one-token step 25 -> 5 µs) and a window's cross-attention 2.4x
+        (``benchmarks/attention_layout.py``, ``benchmarks/results/small_pair/session24``). ``keys_hs``: the keys are [b, n, h, s] instead
         (``kv_memory``).
         """
         cfg = self.config
