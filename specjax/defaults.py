@@ -8,7 +8,7 @@ Two sizes, each a target with two drafts, sharing one 8000-piece SentencePiece v
 - "small" (``specjax/assets/small_pair``, issue 12): target 46.0M parameters (d_model 512, 8 heads, MLP
   1024, 6+6 layers: T5 1.1 small's shape with an 8k vocabulary; 99.6 MiB float32 decoder), a distilled draft
   of 4.28M (d_model 128, 6+2 layers, 1/14.2 of the target's per-token multiply-adds) and a reference draft of
-  4.94M (6+4 layers, 1/10.4). The paper's regime on a laptop; opt-in (``default_size``).
+  4.94M (6+4 layers, 1/10.4). The paper's regime on a laptop; the default (``default_size``).
 
 The checkpoints ship inside the package as Hugging Face safetensors directories in bfloat16, with their
 vocabulary, so a new user needs no download. How they were made: ``TRAINING.md`` beside each.
@@ -32,10 +32,11 @@ def _shipped(size: str) -> bool:
 
 
 # The draft tokens per target call that ``specjax demo`` uses for each pair: the γ with the best measured speedup
-# at batch 1, temperature 0 on a 2-core CPU (README, "The embedded default pair"; benchmarks/results; the small
-# pair in its demo dtypes with its 2-decoder-layer draft: γ 7 and 8 tie, 5 is 2-10 % behind and 6 behind 5 (a
-# 7-row window is slower than 6 or 8 rows on YNNPACK), benchmarks/results/small_pair/session18).
-DEMO_GAMMA = {"mini": 3, "small": 7}
+# at batch 1, temperature 0 on a 2-core CPU (README, "The embedded default pair"; benchmarks/results). The small
+# pair in its demo dtypes: γ 4 and 5 tie (2.12-2.16x the float32 target alone), 6 and 7 are 1-2 % behind
+# (benchmarks/results/small_pair/session24/dtype_loops*.txt; with the attention and the draft of the
+# twenty-third session γ 7 and 8 were best, session18).
+DEMO_GAMMA = {"mini": 3, "small": 5}
 # The (target, draft) compute dtypes ``specjax demo`` loads each pair in: the fastest speculative pairing
 # measured on a 2-core CPU. The mini target fits the CPU's cache and runs fastest in float32; the small
 # target's verification windows run on YNNPACK's bfloat16 kernels, its draft's one-row steps in float32
@@ -44,19 +45,18 @@ DEMO_DTYPES = {"mini": ("float32", "float32"), "small": ("bfloat16", "float32")}
 
 
 def default_size() -> str:
-    """The pair ``specjax demo``, ``translate`` and ``generate`` use without ``--size``: "mini".
+    """The pair ``specjax demo``, ``translate`` and ``generate`` use without ``--size``: "small".
 
-    Issue 12 makes "small" the default only once it meets all its goals. Since the twenty-second session it meets
-    every goal but one on the machine it was measured on: its target's greedy BLEU on Multi30k test 2016 is 31.63
-    (goal 30; the mini target: 25.6), its distilled draft's α 0.770 / 0.748 at temperature 0 / 1 on test lines
-    (goal 0.7 / 0.6), ``specjax demo --size small`` prints 1.96-2.06x (goal 1.5x; the mini pair's demo: 1.02x);
-    but speculative sampling (bfloat16 target, float32 draft, batch 1, temperature 0, 24 Multi30k test lines)
-    against the float32 target alone (the fastest target alone on a CPU) measured 1.85-2.06x at the best γ in
-    the twenty-third session's four runs (1.81-2.19x in the twenty-second's nine), below 2x whenever the float32
-    target alone runs at its quietest (its one-row dots are bound by memory traffic): the 2x goal is not met in
-    every run, so the default stays "mini" (``small_pair/TRAINING.md``, twenty-second and twenty-third
-    sessions). ``--size small`` / ``size="small"`` is one flag away."""
-    return "mini"
+    Issue 12 makes "small" the default once it meets all its goals, which it does since the twenty-fourth session
+    (``small_pair/TRAINING.md``): its target's greedy BLEU on Multi30k test 2016 is 31.63 (goal 30; the mini
+    target: 25.6), its distilled draft's α 0.770 / 0.748 at temperature 0 / 1 on test lines (goal 0.7 / 0.6),
+    greedy speculative output equals the target's on 96 test lines, and speculative sampling (bfloat16 target,
+    float32 draft, batch 1, temperature 0, 24 Multi30k test lines) runs 2.1-2.2x the float32 target alone (the
+    fastest target alone on a CPU; goal 2x) at the best γ, since the decode loops keep a bfloat16 model's
+    attention memory in float32 and move the queries heads-first (before: 1.81-2.19x over thirteen runs of the
+    twenty-second and twenty-third sessions). ``--size mini`` / ``size="mini"`` picks the 13.5M pair, faster per
+    token but with little speedup on a CPU (its float32 decoder fits the L3 cache)."""
+    return "small"
 
 
 def load_default_pair(draft: str = "distilled", dtype: str = "float32", size: str | None = None,

@@ -109,7 +109,7 @@ def test_demo_small_runs_its_fastest_dtypes(capsys, data_dir):
     from specjax.cli import main
     from specjax.defaults import DEMO_DTYPES, DEMO_GAMMA
 
-    assert DEMO_DTYPES["small"] == ("bfloat16", "float32") and DEMO_GAMMA["small"] == 7
+    assert DEMO_DTYPES["small"] == ("bfloat16", "float32") and DEMO_GAMMA["small"] == 5
     assert main(["demo", "--size", "small", "--num-lines", "2"]) == 0
     captured = capsys.readouterr()
     assert "46.0M params, bfloat16" in captured.err and "distilled, float32" in captured.err
@@ -151,17 +151,17 @@ def test_alpha_agrees_with_the_accepted_tokens_per_call_at_gamma_one(temperature
 def test_sizes_and_the_default_size():
     """``load_default_pair(size=...)``: "mini" is the 13.5M/1.45M pair; "small" is the 46.0M target with a 4.28M
     distilled draft (2 decoder layers, eighteenth session) and a 4.94M reference draft (4), shipped in bfloat16,
-    opt-in: the CLI's default stays "mini" until the small pair meets every goal of issue 12 in every run."""
+    the CLI's default since it meets every goal of issue 12 (twenty-fourth session)."""
     from specjax import defaults
 
     target, draft, _ = load_default_pair(size="mini")
     assert (round(target.num_params / 1e6, 1), round(draft.num_params / 1e6, 2)) == (13.5, 1.45)
     with pytest.raises(ValueError, match="size must be one of"):
         load_default_pair(size="large")
-    # The small pair ships in this version (issue 12); a checkout without it is a broken install. It is opt-in:
-    # its 2x speed goal held in six of nine runs on the machine it was measured on, so the default stays "mini".
+    # The small pair ships in this version (issue 12); a checkout without it is a broken install. It is the
+    # default of the commands, and of load_default_pair without size=.
     assert defaults._shipped("small"), "specjax/assets/small_pair is incomplete"
-    assert defaults.default_size() == "mini"
+    assert defaults.default_size() == "small"
     target, draft, _ = load_default_pair(size="small")
     assert (round(target.num_params / 1e6, 1), round(draft.num_params / 1e6, 2)) == (46.0, 4.28)
     assert (draft.config.num_encoder_layers, draft.config.num_decoder_layers) == (6, 2)

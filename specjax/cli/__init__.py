@@ -38,10 +38,10 @@ def add_decoding_args(p: argparse.ArgumentParser, *, gamma: int, max_decode_leng
 
 def add_size_arg(p: argparse.ArgumentParser) -> None:
     """``--size mini|small``: which shipped pair (``specjax.load_default_pair(size=...)``) a subcommand uses
-    without --target/--draft; default: ``specjax.defaults.default_size()`` ("mini")."""
+    without --target/--draft; default: ``specjax.defaults.default_size()`` ("small")."""
     p.add_argument("--size", choices=["mini", "small"], default=None,
-                   help="which shipped pair: mini (13.5M-parameter target, BLEU 25.6, the default: fast per token, "
-                        "little speedup on a CPU) or small (46.0M, BLEU 31.6, about 2x speedup on a CPU)")
+                   help="which shipped pair: small (46.0M-parameter target, BLEU 31.6, about 2x speedup on a CPU; "
+                        "the default) or mini (13.5M, BLEU 25.6: fast per token, little speedup on a CPU)")
 
 
 def draft_source(args, draft):
