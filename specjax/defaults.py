@@ -23,6 +23,8 @@ __all__ = ["ASSETS", "DEFAULT_PAIR", "DEMO_DTYPES", "DEMO_GAMMA", "PAIRS", "defa
 ASSETS = Path(__file__).parent / "assets"
 PAIRS = {"mini": ASSETS / "default_pair", "small": ASSETS / "small_pair"}
 DEFAULT_PAIR = PAIRS["mini"]
+"""The mini pair's directory: its name is from before the small pair shipped, kept for code that reads its
+files (both pairs share one vocabulary). The default pair is ``PAIRS[default_size()]``, the small one."""
 DRAFTS = ("distilled", "reference")
 
 
@@ -32,7 +34,7 @@ def _shipped(size: str) -> bool:
 
 
 # The draft tokens per target call that ``specjax demo`` uses for each pair: the γ with the best measured speedup
-# at batch 1, temperature 0 on a 2-core CPU (README, "The embedded default pair"; benchmarks/results). The small
+# at batch 1, temperature 0 on a 2-core CPU (README, "The embedded pairs"; benchmarks/results). The small
 # pair in its demo dtypes: γ 4 and 5 tie (2.12-2.16x the float32 target alone), 6 and 7 are 1-2 % behind
 # (benchmarks/results/small_pair/session24/dtype_loops*.txt; with the attention and the draft of the
 # twenty-third session γ 7 and 8 were best, session18).

@@ -20,7 +20,7 @@ def add_parser(sub) -> None:
     p.add_argument("--num-lines", type=int, default=24, help="sentences to translate (default 24)")
     p.add_argument("--gamma", type=int, default=None,
                    help="draft tokens per target call (default: the fastest measured on a 2-core CPU for the "
-                        "pair, specjax.defaults.DEMO_GAMMA: 3 for mini, 7 for small)")
+                        "pair, specjax.defaults.DEMO_GAMMA: 3 for mini, 5 for small)")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
                    help="the target's compute dtype, for both decodes (default: the pair's fastest on a 2-core "
                         "CPU, specjax.defaults.DEMO_DTYPES: float32 for mini, bfloat16 for small)")
