@@ -300,8 +300,8 @@ class Projections(nn.Module):
         (b, n) leading: XLA:CPU then runs them without transposing copies of its own. On the 2-core CPU the
         small pair's self-attention measured 2.8-4.9x faster so (a bfloat16 window of 6 rows 58 -> 21 µs a
         layer, a float32 one-token step 25 -> 5 µs) and a window's cross-attention 2.4x
-        (``benchmarks/attention_layout.py``, ``benchmarks/results/small_pair/session24``). ``keys_hs``: the keys are [b, n, h, s] instead
-        (``kv_memory``).
+        (``benchmarks/attention_layout.py``, ``benchmarks/results/small_pair/session24``).
+        ``keys_hs``: the keys are [b, n, h, s] instead (``kv_memory``).
         """
         cfg = self.config
         q_bnth = jnp.swapaxes(q_btnh, 1, 2)
