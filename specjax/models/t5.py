@@ -765,12 +765,14 @@ class T5Model:
         return T5Decoding(self.config, kv_dtype=self._decode_kv_dtype()), self._decode_params()
 
     def _decode_kv_dtype(self) -> str | None:
-        """"float32" on CPU for a bfloat16 / float16 model (see ``T5Decoding.kv_dtype``), else None."""
-        leaves = jax.tree_util.tree_leaves(self.params)
-        on_cpu = all(_on_cpu(x) for x in leaves[:1]) if leaves and not isinstance(leaves[0], jax.core.Tracer) \
-            else jax.default_backend() == "cpu"
-        low = jnp.dtype(self.config.compute_dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-        return "float32" if low and on_cpu else None
+        """"float32" on CPU for a bfloat16 / float16 model (see ``T5Decoding.kv_dtype``), else None. Called on
+        every decode: it reads the config and one parameter, never the whole tree."""
+        if jnp.dtype(self.config.compute_dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+            return None
+        table = self.params.get("token_embedder", {}).get("embedding") if isinstance(self.params, dict) else None
+        traced = table is None or isinstance(table, jax.core.Tracer)
+        on_cpu = jax.default_backend() == "cpu" if traced else _on_cpu(table)
+        return "float32" if on_cpu else None
 
     def _decode_params(self) -> Params:
         cached = self.__dict__.get("_decode_params_cache")
