@@ -46,7 +46,6 @@ import functools
 import gc
 import json
 import math
-import os
 import re
 import sys
 import time
@@ -65,8 +64,10 @@ from specjax import T5Config  # noqa: E402
 from specjax.bench.theory import expected_improvement, expected_tokens_per_call  # noqa: E402
 from specjax.models import t5  # noqa: E402
 
-DEVICE_COMMAND = ("PYTHONPATH=$PWD PYTHONUNBUFFERED=1 python3 benchmarks/accelerator_check.py "
-                  "--lines .accel/multi30k_test16.en --out \"$OUT\"")
+DEVICE_COMMAND = (
+    "PYTHONPATH=$PWD PYTHONUNBUFFERED=1 python3 benchmarks/accelerator_check.py "
+    '--lines .accel/multi30k_test16.en --out "$OUT"'
+)
 GAMMAS = tuple(range(1, 9))
 PAPER_TABLE = REPO / "configs" / "paper_table2.json"
 MULTI30K_TEST = REPO / ".." / "shared" / "data" / "train" / "multi30k" / "test_2016_flickr.en"
@@ -144,8 +145,9 @@ def random_params(config: T5Config, seed: int = 0):
     out = []
     for i, (path, leaf) in enumerate(leaves):
         name = jax.tree_util.keystr(path)
-        out.append(_random_leaf(keys[i], tuple(leaf.shape), jnp.dtype(leaf.dtype),
-                                _init_std(name, tuple(leaf.shape), config)))
+        out.append(
+            _random_leaf(keys[i], tuple(leaf.shape), jnp.dtype(leaf.dtype), _init_std(name, tuple(leaf.shape), config))
+        )
     return jax.tree_util.tree_unflatten(treedef, out)
 
 
@@ -169,8 +171,14 @@ def step_bytes(config: T5Config, params, cache_length: int, encoder_length: int,
                 weights += nbytes
         elif "token_embedder" in name:
             weights += batch * int(leaf.shape[-1]) * jnp.dtype(leaf.dtype).itemsize
-    per_slot = 2 * config.num_decoder_layers * batch * config.num_heads * config.head_dim * \
-        jnp.dtype(config.compute_dtype).itemsize
+    per_slot = (
+        2
+        * config.num_decoder_layers
+        * batch
+        * config.num_heads
+        * config.head_dim
+        * jnp.dtype(config.compute_dtype).itemsize
+    )
     kv = per_slot * (cache_length + encoder_length)
     return {"weights": weights, "kv": kv, "total": weights + kv, "all_params": total, "decoder_params": decoder}
 
@@ -224,8 +232,9 @@ def _decode_loop(config, params, encoded, cache, k: int, n: int, max_position: i
 _encode = jax.jit(t5.encode, static_argnums=0)
 
 
-def time_decode(config: T5Config, params, encoder_input_tokens, k: int, steps: int, repeats: int,
-                max_decode_length: int) -> dict:
+def time_decode(
+    config: T5Config, params, encoder_input_tokens, k: int, steps: int, repeats: int, max_decode_length: int
+) -> dict:
     """Seconds per decode call of a k-token window at the batch of ``encoder_input_tokens`` int32[b, s],
     timed inside a jitted loop of ``steps`` calls, best of ``repeats``; the first call (compile + run) is
     timed apart. The cache holds ``max_decode_length + k`` slots. Returns ``{"seconds", "compile_seconds"}``."""
@@ -262,14 +271,31 @@ def _configs(args, device) -> tuple[T5Config, T5Config, list[str]]:
     notes = []
     bf16 = dict(dtype="bfloat16", param_dtype="bfloat16")
     if args.tiny:
-        target = T5Config(vocab_size=512, d_model=64, num_heads=2, head_dim=16, mlp_dim=128, num_encoder_layers=1,
-                          num_decoder_layers=2, name="tiny_target", **bf16)
+        target = T5Config(
+            vocab_size=512,
+            d_model=64,
+            num_heads=2,
+            head_dim=16,
+            mlp_dim=128,
+            num_encoder_layers=1,
+            num_decoder_layers=2,
+            name="tiny_target",
+            **bf16,
+        )
         draft = target.replace(d_model=32, mlp_dim=64, num_decoder_layers=1, name="tiny_draft")
         return target, draft, notes
     if args.small:
         target = T5Config.preset("t5_1_1_small", **bf16)
-        draft = T5Config(d_model=128, num_heads=2, head_dim=64, mlp_dim=256, num_encoder_layers=2,
-                         num_decoder_layers=2, name="tiny_draft", **bf16)
+        draft = T5Config(
+            d_model=128,
+            num_heads=2,
+            head_dim=64,
+            mlp_dim=256,
+            num_encoder_layers=2,
+            num_decoder_layers=2,
+            name="tiny_draft",
+            **bf16,
+        )
         return target, draft, notes
     draft = T5Config.preset(args.draft_preset, **bf16)
     stats = {}
@@ -278,15 +304,20 @@ def _configs(args, device) -> tuple[T5Config, T5Config, list[str]]:
     except Exception:  # noqa: BLE001 -- not every backend reports memory
         pass
     limit = stats.get("bytes_limit")
-    names = (FALLBACK_PRESETS[FALLBACK_PRESETS.index(args.target_preset):]
-             if args.target_preset in FALLBACK_PRESETS else (args.target_preset,))
+    names = (
+        FALLBACK_PRESETS[FALLBACK_PRESETS.index(args.target_preset) :]
+        if args.target_preset in FALLBACK_PRESETS
+        else (args.target_preset,)
+    )
     for name in names:
         target = T5Config.preset(name, **bf16)
         nbytes = sum(int(np.prod(x.shape)) * 2 for x in jax.tree_util.tree_leaves(t5.abstract_params(target)))
         if limit is None or nbytes * 1.15 + 2e9 <= limit:
             if name != args.target_preset:
-                notes.append(f"{args.target_preset} ({nbytes_of(args.target_preset) / 1e9:.1f} GB) does not fit "
-                             f"the device's {limit / 1e9:.1f} GB; measured {name} instead.")
+                notes.append(
+                    f"{args.target_preset} ({nbytes_of(args.target_preset) / 1e9:.1f} GB) does not fit "
+                    f"the device's {limit / 1e9:.1f} GB; measured {name} instead."
+                )
             return target, draft, notes
     return target, draft, notes
 
@@ -316,13 +347,21 @@ def projections(c: float, window_over_step: dict[int, float]) -> list[dict]:
         alpha, gamma = float(r["paper"]["alpha"]), int(r["gamma"])
         best = max(GAMMAS, key=lambda g: expected_improvement(alpha, g, c))
         w = window_over_step.get(gamma)
-        out.append({
-            "task": r["task"], "temperature": r["temperature"], "draft": r["draft"], "alpha": alpha,
-            "gamma": gamma, "paper_speedup": r["paper"]["speedup"], "c": c,
-            "projected": expected_improvement(alpha, gamma, c),
-            "projected_window": (expected_tokens_per_call(alpha, gamma) / (gamma * c + w)) if w else None,
-            "best_gamma": best, "projected_best": expected_improvement(alpha, best, c),
-        })
+        out.append(
+            {
+                "task": r["task"],
+                "temperature": r["temperature"],
+                "draft": r["draft"],
+                "alpha": alpha,
+                "gamma": gamma,
+                "paper_speedup": r["paper"]["speedup"],
+                "c": c,
+                "projected": expected_improvement(alpha, gamma, c),
+                "projected_window": (expected_tokens_per_call(alpha, gamma) / (gamma * c + w)) if w else None,
+                "best_gamma": best,
+                "projected_best": expected_improvement(alpha, best, c),
+            }
+        )
     return out
 
 
@@ -339,33 +378,60 @@ def measure_shipped_pair(args, budget: Budget, result: dict) -> None:
     lines = [l for l in read_lines(str(path), args.pair_lines) if l]
     ids = encode_inputs(tokenizer, lines, "", 512)
     batches = pad_batches(ids, batch_size=1, pad_id=target.config.pad_id)
-    pair = {"lines_file": str(path), "num_inputs": len(ids), "dtype": args.pair_dtype, "batch_size": 1,
-            "temperature": 0.0, "max_decode_length": args.pair_max_decode_length, "repeats": args.pair_repeats,
-            "target_params": target.num_params, "draft_params": draft.num_params, "rows": []}
+    pair = {
+        "lines_file": str(path),
+        "num_inputs": len(ids),
+        "dtype": args.pair_dtype,
+        "batch_size": 1,
+        "temperature": 0.0,
+        "max_decode_length": args.pair_max_decode_length,
+        "repeats": args.pair_repeats,
+        "target_params": target.num_params,
+        "draft_params": draft.num_params,
+        "rows": [],
+    }
     result["shipped_pair"] = pair
     for gamma in args.pair_gammas:
         estimate = pair["rows"][-1]["item_seconds"] if pair["rows"] else args.pair_estimate
         if not budget.allows(estimate):
-            result["skipped"].append({"item": f"shipped pair γ={gamma}",
-                                      "note": f"time budget ({budget.elapsed():.0f} s of {budget.seconds:.0f} s used, "
-                                              f"~{estimate:.0f} s needed)"})
+            result["skipped"].append(
+                {
+                    "item": f"shipped pair γ={gamma}",
+                    "note": f"time budget ({budget.elapsed():.0f} s of {budget.seconds:.0f} s used, "
+                    f"~{estimate:.0f} s needed)",
+                }
+            )
             continue
         t0 = time.perf_counter()
-        m = measure_pair(target, draft, batches, gamma=gamma, temperature=0.0,
-                         max_decode_length=args.pair_max_decode_length, num_inputs=len(ids),
-                         repeats=args.pair_repeats)
+        m = measure_pair(
+            target,
+            draft,
+            batches,
+            gamma=gamma,
+            temperature=0.0,
+            max_decode_length=args.pair_max_decode_length,
+            num_inputs=len(ids),
+            repeats=args.pair_repeats,
+        )
         identical = all(np.array_equal(a, b) for a, b in zip(m.sequences("spec"), m.sequences("base")))
-        pair["rows"].append({
-            "gamma": gamma, "speedup": m.speedup, "alpha": m.acceptance_rate,
-            "tokens_per_target_call": m.tokens_per_target_call, "mean_accepted_length": m.mean_accepted_length,
-            "spec_tokens_per_s": m.output_tokens * args.pair_repeats / m.spec_seconds,
-            "base_tokens_per_s": m.base_output_tokens * args.pair_repeats / m.base_seconds,
-            "spec_seconds": m.spec_seconds, "base_seconds": m.base_seconds,
-            "spec_compile_seconds": m.spec_compile_seconds, "base_compile_seconds": m.base_compile_seconds,
-            "greedy_identical": identical, "item_seconds": time.perf_counter() - t0,
-        })
-        _log(f"shipped pair γ={gamma}: speedup {m.speedup:.2f}x, α {m.acceptance_rate}, "
-             f"greedy identical {identical}")
+        pair["rows"].append(
+            {
+                "gamma": gamma,
+                "speedup": m.speedup,
+                "alpha": m.acceptance_rate,
+                "tokens_per_target_call": m.tokens_per_target_call,
+                "mean_accepted_length": m.mean_accepted_length,
+                "spec_tokens_per_s": m.output_tokens * args.pair_repeats / m.spec_seconds,
+                "base_tokens_per_s": m.base_output_tokens * args.pair_repeats / m.base_seconds,
+                "spec_seconds": m.spec_seconds,
+                "base_seconds": m.base_seconds,
+                "spec_compile_seconds": m.spec_compile_seconds,
+                "base_compile_seconds": m.base_compile_seconds,
+                "greedy_identical": identical,
+                "item_seconds": time.perf_counter() - t0,
+            }
+        )
+        _log(f"shipped pair γ={gamma}: speedup {m.speedup:.2f}x, α {m.acceptance_rate}, greedy identical {identical}")
 
 
 def _log(msg: str) -> None:
@@ -378,12 +444,18 @@ def run(args) -> dict:
     device = jax.devices()[0]
     kind = device.device_kind
     result: dict[str, Any] = {
-        "environment": {"jax": jax.__version__, "backend": jax.default_backend(), "device_kind": kind,
-                        "device_count": jax.device_count(), "platform": device.platform},
+        "environment": {
+            "jax": jax.__version__,
+            "backend": jax.default_backend(),
+            "device_kind": kind,
+            "device_count": jax.device_count(),
+            "platform": device.platform,
+        },
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join([Path(sys.argv[0]).name] + list(args.argv)) if args.argv is not None else None,
         "settings": {k: v for k, v in vars(args).items() if k != "argv"},
-        "notes": [], "skipped": [],
+        "notes": [],
+        "skipped": [],
     }
     target_cfg, draft_cfg, notes = _configs(args, device)
     result["notes"] += notes
@@ -394,46 +466,62 @@ def run(args) -> dict:
     bw = measure_bandwidth(args.bandwidth_bytes)
     bw["nominal_bytes_per_s"], bw["nominal_source"] = nominal, nominal_source
     result["bandwidth"] = bw
-    _log(f"bandwidth {bw['bytes_per_s'] / 1e9:.1f} GB/s measured ({time.perf_counter() - t0:.1f} s)"
-         + (f", {nominal / 1e9:.0f} GB/s nominal" if nominal else ""))
+    _log(
+        f"bandwidth {bw['bytes_per_s'] / 1e9:.1f} GB/s measured ({time.perf_counter() - t0:.1f} s)"
+        + (f", {nominal / 1e9:.0f} GB/s nominal" if nominal else "")
+    )
 
     # 2. Target weights and its one-token step.
     t0 = time.perf_counter()
     params = jax.block_until_ready(random_params(target_cfg, seed=0))
     init_s = time.perf_counter() - t0
-    tokens = np.asarray(np.random.default_rng(0).integers(2, target_cfg.vocab_size, (1, args.encoder_length)),
-                        np.int32)
+    tokens = np.asarray(np.random.default_rng(0).integers(2, target_cfg.vocab_size, (1, args.encoder_length)), np.int32)
     tokens[0, -1] = target_cfg.eos_id
     nb = step_bytes(target_cfg, params, args.max_decode_length + 1, args.encoder_length)
     _log(f"target {target_cfg.name}: {nb['all_params'] / 2 / 1e9:.2f}B params, made in {init_s:.1f} s")
     step = time_decode(target_cfg, params, tokens, 1, args.steps, args.repeats, args.max_decode_length)
     target = {
-        "preset": target_cfg.name, "config": _config_dict(target_cfg), "num_params": nb["all_params"] // 2,
-        "init_seconds": init_s, "param_bytes": nb["all_params"], "decoder_param_bytes": nb["decoder_params"],
-        "step_weight_bytes": nb["weights"], "step_kv_bytes": nb["kv"], "step_bytes": nb["total"],
-        "step_s": step["seconds"], "step_compile_s": step["compile_seconds"],
+        "preset": target_cfg.name,
+        "config": _config_dict(target_cfg),
+        "num_params": nb["all_params"] // 2,
+        "init_seconds": init_s,
+        "param_bytes": nb["all_params"],
+        "decoder_param_bytes": nb["decoder_params"],
+        "step_weight_bytes": nb["weights"],
+        "step_kv_bytes": nb["kv"],
+        "step_bytes": nb["total"],
+        "step_s": step["seconds"],
+        "step_compile_s": step["compile_seconds"],
         "roofline_s": nb["total"] / bw["bytes_per_s"],
         "roofline_nominal_s": nb["total"] / nominal if nominal else None,
         "achieved_bytes_per_s": nb["total"] / step["seconds"],
     }
     target["step_over_roofline"] = step["seconds"] / target["roofline_s"]
-    target["step_over_roofline_nominal"] = (step["seconds"] / target["roofline_nominal_s"]
-                                            if nominal else None)
+    target["step_over_roofline_nominal"] = step["seconds"] / target["roofline_nominal_s"] if nominal else None
     result["target"] = target
-    _log(f"target step {step['seconds'] * 1e3:.3f} ms, roofline {target['roofline_s'] * 1e3:.3f} ms "
-         f"(x{target['step_over_roofline']:.2f}); compile {step['compile_seconds']:.1f} s")
+    _log(
+        f"target step {step['seconds'] * 1e3:.3f} ms, roofline {target['roofline_s'] * 1e3:.3f} ms "
+        f"(x{target['step_over_roofline']:.2f}); compile {step['compile_seconds']:.1f} s"
+    )
 
     # 3. Draft step and c.
     t0 = time.perf_counter()
     dparams = jax.block_until_ready(random_params(draft_cfg, seed=1))
-    dstep = time_decode(draft_cfg, dparams, tokens % draft_cfg.vocab_size, 1, args.steps, args.repeats,
-                        args.max_decode_length)
+    dstep = time_decode(
+        draft_cfg, dparams, tokens % draft_cfg.vocab_size, 1, args.steps, args.repeats, args.max_decode_length
+    )
     dnb = step_bytes(draft_cfg, dparams, args.max_decode_length + 1, args.encoder_length)
     c = dstep["seconds"] / step["seconds"]
-    result["draft"] = {"preset": draft_cfg.name, "config": _config_dict(draft_cfg), "num_params": dnb["all_params"] // 2,
-                       "step_s": dstep["seconds"], "step_compile_s": dstep["compile_seconds"],
-                       "step_bytes": dnb["total"], "roofline_s": dnb["total"] / bw["bytes_per_s"],
-                       "item_seconds": time.perf_counter() - t0}
+    result["draft"] = {
+        "preset": draft_cfg.name,
+        "config": _config_dict(draft_cfg),
+        "num_params": dnb["all_params"] // 2,
+        "step_s": dstep["seconds"],
+        "step_compile_s": dstep["compile_seconds"],
+        "step_bytes": dnb["total"],
+        "roofline_s": dnb["total"] / bw["bytes_per_s"],
+        "item_seconds": time.perf_counter() - t0,
+    }
     result["c"] = c
     del dparams
     _log(f"draft step {dstep['seconds'] * 1e3:.3f} ms; c = {c:.4f}")
@@ -444,15 +532,23 @@ def run(args) -> dict:
     reserve = args.pair_estimate * len(args.pair_gammas) if not args.no_pair else 0.0
     for gamma in GAMMAS:
         if not budget.allows(1.2 * last, reserve):
-            result["skipped"].append({"item": f"target window γ={gamma}",
-                                      "note": f"time budget ({budget.elapsed():.0f} s of {budget.seconds:.0f} s used, "
-                                              f"~{1.2 * last:.0f} s needed, {reserve:.0f} s kept for the shipped pair)"})
+            result["skipped"].append(
+                {
+                    "item": f"target window γ={gamma}",
+                    "note": f"time budget ({budget.elapsed():.0f} s of {budget.seconds:.0f} s used, "
+                    f"~{1.2 * last:.0f} s needed, {reserve:.0f} s kept for the shipped pair)",
+                }
+            )
             continue
         t0 = time.perf_counter()
         w = time_decode(target_cfg, params, tokens, gamma + 1, args.steps, args.repeats, args.max_decode_length)
         last = time.perf_counter() - t0
-        windows[gamma] = {"k": gamma + 1, "window_s": w["seconds"], "compile_s": w["compile_seconds"],
-                          "window_over_step": w["seconds"] / step["seconds"]}
+        windows[gamma] = {
+            "k": gamma + 1,
+            "window_s": w["seconds"],
+            "compile_s": w["compile_seconds"],
+            "window_over_step": w["seconds"] / step["seconds"],
+        }
         _log(f"window γ={gamma}: {w['seconds'] * 1e3:.3f} ms = {windows[gamma]['window_over_step']:.3f} steps")
     result["windows"] = {str(g): v for g, v in windows.items()}
     del params
@@ -475,8 +571,20 @@ def run(args) -> dict:
 
 
 def _config_dict(cfg: T5Config) -> dict:
-    return {k: getattr(cfg, k) for k in ("d_model", "num_heads", "head_dim", "mlp_dim", "num_encoder_layers",
-                                         "num_decoder_layers", "vocab_size", "dtype", "param_dtype")}
+    return {
+        k: getattr(cfg, k)
+        for k in (
+            "d_model",
+            "num_heads",
+            "head_dim",
+            "mlp_dim",
+            "num_encoder_layers",
+            "num_decoder_layers",
+            "vocab_size",
+            "dtype",
+            "param_dtype",
+        )
+    }
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -490,56 +598,84 @@ def _f(x, fmt="{:.3f}", none="—"):
 def format_markdown(r: dict) -> str:
     """The result dict as Markdown tables (what is printed and written to ``<device_kind>.md``)."""
     env, bw, tg = r["environment"], r["bandwidth"], r["target"]
-    lines = [f"# Accelerator check: {env['device_kind']} ({env['backend']}, jax {env['jax']})", "",
-             f"{r['date']}; {r['elapsed_s']:.0f} s in all. Command: `{r.get('command')}`", "",
-             "## Target one-token step at batch 1 against the memory roofline", "",
-             "| quantity | value |", "|---|---|",
-             f"| target | {tg['preset']}, {tg['num_params'] / 1e9:.3f}B params, random {tg['config']['param_dtype']} "
-             f"(made on the device in {tg['init_seconds']:.1f} s) |",
-             f"| bytes a step reads | {tg['step_bytes'] / 1e9:.3f} GB (decoder weights {tg['step_weight_bytes'] / 1e9:.3f}"
-             f" GB + K/V {tg['step_kv_bytes'] / 1e6:.1f} MB) |",
-             f"| bandwidth, measured (x + 1 over {bw['buffer_bytes'] / 1e9:.2f} GB) | {bw['bytes_per_s'] / 1e9:.1f} GB/s |",
-             f"| bandwidth, nominal | {_f(bw['nominal_bytes_per_s'] and bw['nominal_bytes_per_s'] / 1e9, '{:.0f} GB/s')}"
-             f"{' (' + bw['nominal_source'] + ')' if bw['nominal_source'] else ' (device kind not in the table)'} |",
-             f"| step, measured | {tg['step_s'] * 1e3:.3f} ms (compile {tg['step_compile_s']:.1f} s) |",
-             f"| roofline at measured / nominal bandwidth | {tg['roofline_s'] * 1e3:.3f} ms / "
-             f"{_f(tg['roofline_nominal_s'] and tg['roofline_nominal_s'] * 1e3)} ms |",
-             f"| step / roofline (measured / nominal bandwidth) | {tg['step_over_roofline']:.2f} / "
-             f"{_f(tg['step_over_roofline_nominal'], '{:.2f}')} |",
-             f"| bandwidth the step achieves | {tg['achieved_bytes_per_s'] / 1e9:.1f} GB/s |", ""]
+    lines = [
+        f"# Accelerator check: {env['device_kind']} ({env['backend']}, jax {env['jax']})",
+        "",
+        f"{r['date']}; {r['elapsed_s']:.0f} s in all. Command: `{r.get('command')}`",
+        "",
+        "## Target one-token step at batch 1 against the memory roofline",
+        "",
+        "| quantity | value |",
+        "|---|---|",
+        f"| target | {tg['preset']}, {tg['num_params'] / 1e9:.3f}B params, random {tg['config']['param_dtype']} "
+        f"(made on the device in {tg['init_seconds']:.1f} s) |",
+        f"| bytes a step reads | {tg['step_bytes'] / 1e9:.3f} GB (decoder weights {tg['step_weight_bytes'] / 1e9:.3f}"
+        f" GB + K/V {tg['step_kv_bytes'] / 1e6:.1f} MB) |",
+        f"| bandwidth, measured (x + 1 over {bw['buffer_bytes'] / 1e9:.2f} GB) | {bw['bytes_per_s'] / 1e9:.1f} GB/s |",
+        f"| bandwidth, nominal | {_f(bw['nominal_bytes_per_s'] and bw['nominal_bytes_per_s'] / 1e9, '{:.0f} GB/s')}"
+        f"{' (' + bw['nominal_source'] + ')' if bw['nominal_source'] else ' (device kind not in the table)'} |",
+        f"| step, measured | {tg['step_s'] * 1e3:.3f} ms (compile {tg['step_compile_s']:.1f} s) |",
+        f"| roofline at measured / nominal bandwidth | {tg['roofline_s'] * 1e3:.3f} ms / "
+        f"{_f(tg['roofline_nominal_s'] and tg['roofline_nominal_s'] * 1e3)} ms |",
+        f"| step / roofline (measured / nominal bandwidth) | {tg['step_over_roofline']:.2f} / "
+        f"{_f(tg['step_over_roofline_nominal'], '{:.2f}')} |",
+        f"| bandwidth the step achieves | {tg['achieved_bytes_per_s'] / 1e9:.1f} GB/s |",
+        "",
+    ]
     d = r.get("draft")
     if d:
-        lines += ["## Draft step and c", "", "| quantity | value |", "|---|---|",
-                  f"| draft | {d['preset']}, {d['num_params'] / 1e6:.1f}M params |",
-                  f"| draft step | {d['step_s'] * 1e3:.3f} ms (roofline {d['roofline_s'] * 1e3:.3f} ms) |",
-                  f"| c = draft step / target step | {r['c']:.4f} |", ""]
+        lines += [
+            "## Draft step and c",
+            "",
+            "| quantity | value |",
+            "|---|---|",
+            f"| draft | {d['preset']}, {d['num_params'] / 1e6:.1f}M params |",
+            f"| draft step | {d['step_s'] * 1e3:.3f} ms (roofline {d['roofline_s'] * 1e3:.3f} ms) |",
+            f"| c = draft step / target step | {r['c']:.4f} |",
+            "",
+        ]
     if r.get("windows"):
-        lines += ["## Verification window (γ+1 tokens) against one step", "",
-                  "| γ | k | window ms | window / step |", "|---|---|---|---|"]
+        lines += [
+            "## Verification window (γ+1 tokens) against one step",
+            "",
+            "| γ | k | window ms | window / step |",
+            "|---|---|---|---|",
+        ]
         for g, w in sorted(r["windows"].items(), key=lambda kv: int(kv[0])):
             lines.append(f"| {g} | {w['k']} | {w['window_s'] * 1e3:.3f} | {w['window_over_step']:.3f} |")
         lines.append("")
     if r.get("projections"):
-        lines += ["## Projected speedup at the paper's α (Table 2, T5-small draft) with the measured c", "",
-                  "Projected = (1 − α^(γ+1)) / ((1 − α)(γc + 1)) (Leviathan et al. 2023, Theorem 3.8); "
-                  "with window = the same with the measured window/step in place of 1.", "",
-                  "| task | T | α (paper) | γ (paper) | paper speedup | projected | with window | best γ | projected at best γ |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "## Projected speedup at the paper's α (Table 2, T5-small draft) with the measured c",
+            "",
+            "Projected = (1 − α^(γ+1)) / ((1 − α)(γc + 1)) (Leviathan et al. 2023, Theorem 3.8); "
+            "with window = the same with the measured window/step in place of 1.",
+            "",
+            "| task | T | α (paper) | γ (paper) | paper speedup | projected | with window | best γ | projected at best γ |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
         for p in r["projections"]:
-            lines.append(f"| {p['task']} | {p['temperature']} | {p['alpha']} | {p['gamma']} | {p['paper_speedup']} | "
-                         f"{p['projected']:.2f} | {_f(p['projected_window'], '{:.2f}')} | {p['best_gamma']} | "
-                         f"{p['projected_best']:.2f} |")
+            lines.append(
+                f"| {p['task']} | {p['temperature']} | {p['alpha']} | {p['gamma']} | {p['paper_speedup']} | "
+                f"{p['projected']:.2f} | {_f(p['projected_window'], '{:.2f}')} | {p['best_gamma']} | "
+                f"{p['projected_best']:.2f} |"
+            )
         lines.append("")
     sp = r.get("shipped_pair")
     if sp and sp["rows"]:
-        lines += [f"## Shipped pair measured (batch 1, temperature 0, {sp['num_inputs']} lines of "
-                  f"{Path(sp['lines_file']).name}, {sp['dtype']}, max_decode_length {sp['max_decode_length']})", "",
-                  "| γ | α | tokens / target call | speculative tok/s | target alone tok/s | speedup | greedy identical |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += [
+            f"## Shipped pair measured (batch 1, temperature 0, {sp['num_inputs']} lines of "
+            f"{Path(sp['lines_file']).name}, {sp['dtype']}, max_decode_length {sp['max_decode_length']})",
+            "",
+            "| γ | α | tokens / target call | speculative tok/s | target alone tok/s | speedup | greedy identical |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for row in sp["rows"]:
-            lines.append(f"| {row['gamma']} | {_f(row['alpha'])} | {row['tokens_per_target_call']:.2f} | "
-                         f"{row['spec_tokens_per_s']:.0f} | {row['base_tokens_per_s']:.0f} | {row['speedup']:.2f}x | "
-                         f"{row['greedy_identical']} |")
+            lines.append(
+                f"| {row['gamma']} | {_f(row['alpha'])} | {row['tokens_per_target_call']:.2f} | "
+                f"{row['spec_tokens_per_s']:.0f} | {row['base_tokens_per_s']:.0f} | {row['speedup']:.2f}x | "
+                f"{row['greedy_identical']} |"
+            )
         lines.append("")
     if r["skipped"] or r["notes"]:
         lines += ["## Skipped and notes", ""]
@@ -554,12 +690,20 @@ def _slug(kind: str) -> str:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="benchmarks/results/accelerator",
-                   help="folder for <device_kind>.json and .md (default: %(default)s)")
-    p.add_argument("--time-budget", type=float, default=420.0,
-                   help="seconds; items that would run past it are skipped with a note (default: %(default)s)")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--out",
+        default="benchmarks/results/accelerator",
+        help="folder for <device_kind>.json and .md (default: %(default)s)",
+    )
+    p.add_argument(
+        "--time-budget",
+        type=float,
+        default=420.0,
+        help="seconds; items that would run past it are skipped with a note (default: %(default)s)",
+    )
     p.add_argument("--small", action="store_true", help="t5_1_1_small target, tiny draft: checks the script on CPU")
     p.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # 2-layer models, for the test
     p.add_argument("--target-preset", default="t5_1_1_xxl")
@@ -567,8 +711,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=None, help="decode calls per timed loop (default 32; 8 with --small)")
     p.add_argument("--repeats", type=int, default=None, help="timed loops, best kept (default 5; 2 with --small)")
     p.add_argument("--encoder-length", type=int, default=64, help="encoder input tokens (default: %(default)s)")
-    p.add_argument("--max-decode-length", type=int, default=128,
-                   help="decoder cache slots minus the window (default: %(default)s)")
+    p.add_argument(
+        "--max-decode-length", type=int, default=128, help="decoder cache slots minus the window (default: %(default)s)"
+    )
     p.add_argument("--bandwidth-bytes", type=int, default=None, help="bandwidth buffer (default 4 GiB; 64 MiB --small)")
     p.add_argument("--no-pair", action="store_true", help="skip the shipped pair")
     p.add_argument("--lines", default=None, help="input lines for the shipped pair (default: Multi30k test 2016)")
@@ -577,8 +722,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pair-repeats", type=int, default=None, help="passes over the lines (default 3; 1 --small)")
     p.add_argument("--pair-max-decode-length", type=int, default=64)
     p.add_argument("--pair-dtype", default="float32", choices=["float32", "bfloat16"])
-    p.add_argument("--pair-estimate", type=float, default=60.0,
-                   help="seconds kept for each shipped-pair γ (compile + run) (default: %(default)s)")
+    p.add_argument(
+        "--pair-estimate",
+        type=float,
+        default=60.0,
+        help="seconds kept for each shipped-pair γ (compile + run) (default: %(default)s)",
+    )
     args = p.parse_args(argv)
     small = args.small or args.tiny
     args.steps = args.steps or (8 if small else 32)

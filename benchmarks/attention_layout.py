@@ -53,7 +53,9 @@ def case(t, qdt, keys, n, h, s=70, layers=6, loops=100):
                 for k, v in zip(ks, vs):
                     q = att(q, k, v)
                 return q
+
             return jax.lax.fori_loop(0, loops, step, q)
+
         return jax.jit(body)
 
     fns = {"stored": looped(stored), "heads-first": looped(heads_first)}
@@ -74,7 +76,9 @@ def main() -> int:
     print(f"{'shapes':42} {'stored':>8} {'heads-first':>12} {'ratio':>7}  bit-identical")
     for label, *args in CASES:
         best, same = case(*args)
-        print(f"{label:42} {best['stored']:8.1f} {best['heads-first']:12.1f} {best['stored'] / best['heads-first']:6.2f}x  {same}")
+        print(
+            f"{label:42} {best['stored']:8.1f} {best['heads-first']:12.1f} {best['stored'] / best['heads-first']:6.2f}x  {same}"
+        )
     return 0
 
 

@@ -15,6 +15,7 @@ snapshot's step) and spiece.model (--vocab). `benchmarks/target_bleu.py OUT_DIR 
 Raises SystemExit with a message for: no snapshots, snapshots of different parameter trees or shapes, a
 missing RUN_DIR/config.json.
 """
+
 import argparse
 import json
 import pathlib
@@ -49,8 +50,9 @@ def average(paths: list[pathlib.Path]):
             reference, total = shapes, tree
             continue
         if jax.tree_util.tree_structure(shapes) != jax.tree_util.tree_structure(reference) or shapes != reference:
-            raise SystemExit(f"{path}: its parameters differ in names or shapes from {paths[0]}; average snapshots "
-                             "of one run only.")
+            raise SystemExit(
+                f"{path}: its parameters differ in names or shapes from {paths[0]}; average snapshots of one run only."
+            )
         total = jax.tree_util.tree_map(np.add, total, tree)
     return jax.tree_util.tree_map(lambda x: (x / len(paths)).astype(np.float32), total)
 
@@ -69,7 +71,7 @@ def main():
         found = sorted((a.inputs[0] / "snapshots").glob("step_*.msgpack"), key=snapshot_step)
         if not found:
             raise SystemExit(f"{a.inputs[0]}/snapshots holds no step_<N>.msgpack.")
-        paths = found[-a.last:]
+        paths = found[-a.last :]
     else:
         paths = sorted(a.inputs, key=snapshot_step)
     for path in paths:
@@ -88,8 +90,10 @@ def main():
     shutil.copy(a.vocab, tmp / "spiece.model")
     shutil.rmtree(a.out_dir, ignore_errors=True)
     tmp.rename(a.out_dir)
-    print(f"averaged {len(paths)} snapshots (steps {', '.join(str(snapshot_step(x)) for x in paths)}) into "
-          f"{a.out_dir} ({a.dtype})")
+    print(
+        f"averaged {len(paths)} snapshots (steps {', '.join(str(snapshot_step(x)) for x in paths)}) into "
+        f"{a.out_dir} ({a.dtype})"
+    )
 
 
 if __name__ == "__main__":

@@ -34,22 +34,27 @@ def main(argv=None) -> None:
     ap.add_argument("--max-decode-length", type=int, default=64)
     ap.add_argument("--size", default="mini", choices=["mini", "small"])
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the target's dtype")
-    ap.add_argument("--draft-dtype", default=None, choices=["float32", "bfloat16"],
-                    help="the draft's dtype (default: --dtype)")
+    ap.add_argument(
+        "--draft-dtype", default=None, choices=["float32", "bfloat16"], help="the draft's dtype (default: --dtype)"
+    )
     args = ap.parse_args(argv)
 
     target, draft, tok = specjax.load_default_pair(size=args.size, dtype=args.dtype, draft_dtype=args.draft_dtype)
-    lines = (DATA / "train/multi30k/test_2016_flickr.en").read_text().splitlines()[:args.lines]
+    lines = (DATA / "train/multi30k/test_2016_flickr.en").read_text().splitlines()[: args.lines]
     T = args.max_decode_length
-    print(f"jax {jax.__version__}, {jax.default_backend()}; {len(lines)} Multi30k test lines; "
-          f"max_decode_length {T}; tokens/s = emitted tokens / wall seconds (best of {args.repeats})")
-    print(f"{'b':>3} {'T':>4} {'γ':>2} | {'base dflt':>9} {'base tuned':>10} | {'spec dflt':>9} {'spec tuned':>10} | "
-          f"{'spec/base tuned':>15} {'α':>6} {'tok/call':>8}")
+    print(
+        f"jax {jax.__version__}, {jax.default_backend()}; {len(lines)} Multi30k test lines; "
+        f"max_decode_length {T}; tokens/s = emitted tokens / wall seconds (best of {args.repeats})"
+    )
+    print(
+        f"{'b':>3} {'T':>4} {'γ':>2} | {'base dflt':>9} {'base tuned':>10} | {'spec dflt':>9} {'spec tuned':>10} | "
+        f"{'spec/base tuned':>15} {'α':>6} {'tok/call':>8}"
+    )
     for b in args.batch_sizes:
         width = 48  # every batch padded to one width (as the bench's buckets do): one program per setting
         batches = []
         for i in range(0, len(lines) - b + 1, b):
-            x = np.asarray(tok.encode_batch(lines[i:i + b]))[:, :width]
+            x = np.asarray(tok.encode_batch(lines[i : i + b]))[:, :width]
             batches.append(np.pad(x, ((0, 0), (0, width - x.shape[1]))))
 
         def run(mode, fn):
@@ -63,11 +68,23 @@ def main(argv=None) -> None:
             return n / (time.perf_counter() - t0), results
 
         for temp in args.temperatures:
-            base = lambda x: specjax.temperature_sample(target, x, rng=0, max_decode_length=T,  # noqa: E731
-                                                        temperature=temp)
+            base = lambda x: specjax.temperature_sample(
+                target,
+                x,
+                rng=0,
+                max_decode_length=T,  # noqa: E731
+                temperature=temp,
+            )
             for g in args.gammas:
-                spec = lambda x: specjax.speculative_sample(target, draft, x, rng=0, gamma=g,  # noqa: E731
-                                                            max_decode_length=T, temperature=temp)
+                spec = lambda x: specjax.speculative_sample(
+                    target,
+                    draft,
+                    x,
+                    rng=0,
+                    gamma=g,  # noqa: E731
+                    max_decode_length=T,
+                    temperature=temp,
+                )
                 best = {}
                 for mode in ("default", "tuned"):  # compile (and warm up) every program first
                     run(mode, base), run(mode, spec)
@@ -79,12 +96,16 @@ def main(argv=None) -> None:
                             if tps > best.get(key, (0,))[0]:
                                 best[key] = (tps, res)
                 sr = best[("spec", "tuned")][1]
-                alpha = sum(float(np.sum(r.beta_sum)) for r in sr) / max(1, sum(int(np.sum(r.num_verified)) for r in sr))
+                alpha = sum(float(np.sum(r.beta_sum)) for r in sr) / max(
+                    1, sum(int(np.sum(r.num_verified)) for r in sr)
+                )
                 tpc = sum(int(np.sum(r.lengths)) for r in sr) / sum(int(np.sum(r.num_target_calls)) for r in sr)
-                print(f"{b:3d} {temp:4.1f} {g:2d} | {best[('base', 'default')][0]:9.0f} {best[('base', 'tuned')][0]:10.0f} | "
-                      f"{best[('spec', 'default')][0]:9.0f} {best[('spec', 'tuned')][0]:10.0f} | "
-                      f"{best[('spec', 'tuned')][0] / best[('base', 'tuned')][0]:15.2f} {alpha:6.3f} {tpc:8.2f}",
-                      flush=True)
+                print(
+                    f"{b:3d} {temp:4.1f} {g:2d} | {best[('base', 'default')][0]:9.0f} {best[('base', 'tuned')][0]:10.0f} | "
+                    f"{best[('spec', 'default')][0]:9.0f} {best[('spec', 'tuned')][0]:10.0f} | "
+                    f"{best[('spec', 'tuned')][0] / best[('base', 'tuned')][0]:15.2f} {alpha:6.3f} {tpc:8.2f}",
+                    flush=True,
+                )
     os.environ.pop("SPECJAX_XLA_CPU_OPTIONS", None)
 
 

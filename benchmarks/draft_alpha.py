@@ -11,6 +11,7 @@ temperatures 0 and 1, and the acceptance rate α (Leviathan et al. 2023, §3.1: 
 accumulated in the loop) is printed per draft. α does not depend on the machine's speed, so this runs beside a
 training job.
 """
+
 import argparse
 import json
 import pathlib
@@ -41,29 +42,44 @@ def main():
     p.add_argument("--size", default="small", choices=["mini", "small"], help="whose target (default: small)")
     p.add_argument("--num-inputs", type=int, default=256, help="lines (default: 256)")
     p.add_argument("--gamma", type=int, default=5, help="γ (default: 5)")
-    p.add_argument("--split", default="val", choices=["val", "test"],
-                   help="Multi30k validation (default) or test 2016 lines")
-    p.add_argument("--target", default=None,
-                   help="another target: a checkpoint directory or a training snapshot (default: the pair's own)")
+    p.add_argument(
+        "--split", default="val", choices=["val", "test"], help="Multi30k validation (default) or test 2016 lines"
+    )
+    p.add_argument(
+        "--target",
+        default=None,
+        help="another target: a checkpoint directory or a training snapshot (default: the pair's own)",
+    )
     a = p.parse_args()
     target, _, tok = specjax.load_default_pair(size=a.size)
     if a.target:
         target = load(a.target)
     name = {"val": "val", "test": "test_2016_flickr"}[a.split]
-    lines = open(f"../shared/data/train/multi30k/{name}.en", encoding="utf-8").read().splitlines()[:a.num_inputs]
+    lines = open(f"../shared/data/train/multi30k/{name}.en", encoding="utf-8").read().splitlines()[: a.num_inputs]
     batches = bench.pad_batches([tok.encode(s)[:63] for s in lines], batch_size=16)
     for path in a.drafts:
         draft = load(path)
         for temperature in (0.0, 1.0):
             beta = verified = 0.0
             for j, x in enumerate(batches):
-                out = jax.device_get(specjax.speculative_sample(target, draft, x, rng=jax.random.PRNGKey(j),
-                                                                gamma=a.gamma, max_decode_length=64,
-                                                                temperature=temperature))
+                out = jax.device_get(
+                    specjax.speculative_sample(
+                        target,
+                        draft,
+                        x,
+                        rng=jax.random.PRNGKey(j),
+                        gamma=a.gamma,
+                        max_decode_length=64,
+                        temperature=temperature,
+                    )
+                )
                 beta += float(np.sum(out.beta_sum))
                 verified += float(np.sum(out.num_verified))
-            print(f"{path}  temperature {temperature:g}: α = {beta / verified:.4f} "
-                  f"({int(verified)} verified positions, {len(lines)} {a.split} lines, γ {a.gamma})", flush=True)
+            print(
+                f"{path}  temperature {temperature:g}: α = {beta / verified:.4f} "
+                f"({int(verified)} verified positions, {len(lines)} {a.split} lines, γ {a.gamma})",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -55,24 +55,36 @@ def main(argv=None) -> None:
 
     target, draft, tok = specjax.load_default_pair()
     lookup = specjax.PromptLookupDraft(max_ngram=3)
-    lines_out = [f"jax {jax.__version__} {jax.default_backend()}; shipped mini pair (distilled draft); best of "
-                 f"{args.repeats} passes, all variants alternating in one process", "",
-                 "| task | batch | temp | variant | tokens/s | speedup | tokens/call | α |", "|---|---|---|---|---|---|---|---|"]
+    lines_out = [
+        f"jax {jax.__version__} {jax.default_backend()}; shipped mini pair (distilled draft); best of "
+        f"{args.repeats} passes, all variants alternating in one process",
+        "",
+        "| task | batch | temp | variant | tokens/s | speedup | tokens/call | α |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     print("\n".join(lines_out), flush=True)
     for task in args.tasks:
         path, n, T, max_in = TASKS[task]
         text = (DATA / path).read_text(encoding="utf-8").splitlines()[:n]
-        ids = [r[:max_in - 1] + [tok.eos_id] if len(r) > max_in else r for r in (tok.encode(t) for t in text)]
+        ids = [r[: max_in - 1] + [tok.eos_id] if len(r) > max_in else r for r in (tok.encode(t) for t in text)]
         for b in args.batch_sizes:
             xs = inputs.batches(ids, batch_size=b, length=inputs.bucket_length(max(len(r) for r in ids)))
             for temp in args.temperatures:
-                runs = {"baseline": lambda j, x: specjax.temperature_sample(
-                    target, x, rng=jax.random.PRNGKey(j), max_decode_length=T, temperature=temp)}
+                runs = {
+                    "baseline": lambda j, x: specjax.temperature_sample(
+                        target, x, rng=jax.random.PRNGKey(j), max_decode_length=T, temperature=temp
+                    )
+                }
                 for name, kw in variants(args.gammas, args.thresholds, args.lookup_gamma):
                     kw = dict(kw)
                     d = lookup if kw.pop("draft", None) == "lookup" else draft
-                    runs[name] = (lambda d, kw: lambda j, x: specjax.speculative_sample(
-                        target, d, x, rng=jax.random.PRNGKey(j), max_decode_length=T, temperature=temp, **kw))(d, kw)
+                    runs[name] = (
+                        lambda d, kw: (
+                            lambda j, x: specjax.speculative_sample(
+                                target, d, x, rng=jax.random.PRNGKey(j), max_decode_length=T, temperature=temp, **kw
+                            )
+                        )
+                    )(d, kw)
                 for fn in runs.values():  # compile every program first
                     jax.block_until_ready(fn(0, xs[0]).sequences)
                 best = {}
@@ -93,8 +105,10 @@ def main(argv=None) -> None:
                     calls = sum(int(np.sum(r.num_target_calls)) for r in res)
                     verified = sum(int(np.sum(r.num_verified)) for r in res)
                     alpha = sum(float(np.sum(r.beta_sum)) for r in res) / verified if verified else float("nan")
-                    line = (f"| {task} | {b} | {temp:g} | {name} | {tokens / dt:.0f} | {base_dt / dt:.2f}x | "
-                            f"{tokens / calls:.2f} | {alpha:.3f} |")
+                    line = (
+                        f"| {task} | {b} | {temp:g} | {name} | {tokens / dt:.0f} | {base_dt / dt:.2f}x | "
+                        f"{tokens / calls:.2f} | {alpha:.3f} |"
+                    )
                     lines_out.append(line)
                     print(line, flush=True)
     if args.out:

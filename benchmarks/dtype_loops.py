@@ -35,10 +35,20 @@ def main(argv=None) -> int:
     ap.add_argument("--gammas", type=int, nargs="+", default=[3, 5, 7])
     ap.add_argument("--num-inputs", type=int, default=24, help="Multi30k test 2016 lines (default: 24)")
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--drafts", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"],
-                    help="draft dtypes to try beside the bfloat16 target (default: both)")
-    ap.add_argument("--extra-drafts", nargs="+", default=[], metavar="NAME=DIR",
-                    help="more float32 drafts beside the bfloat16 target (checkpoint directories)")
+    ap.add_argument(
+        "--drafts",
+        nargs="+",
+        default=["float32", "bfloat16"],
+        choices=["float32", "bfloat16"],
+        help="draft dtypes to try beside the bfloat16 target (default: both)",
+    )
+    ap.add_argument(
+        "--extra-drafts",
+        nargs="+",
+        default=[],
+        metavar="NAME=DIR",
+        help="more float32 drafts beside the bfloat16 target (checkpoint directories)",
+    )
     args = ap.parse_args(argv)
     t32, d32, tok = specjax.load_default_pair(size=args.size, dtype="float32")
     t16, d16, _ = specjax.load_default_pair(size=args.size, dtype="bfloat16")
@@ -50,8 +60,10 @@ def main(argv=None) -> int:
             ap.error(f"--extra-drafts {item!r}: write NAME=DIR (e.g. d2=/work/runs/d2_export)")
         extra[name] = specjax.load_checkpoint(path, dtype="float32")
         if extra[name].config.vocab_size != d32.config.vocab_size:
-            ap.error(f"--extra-drafts {item!r}: a {extra[name].config.vocab_size}-token vocabulary, not the "
-                     f"pair's {d32.config.vocab_size}")
+            ap.error(
+                f"--extra-drafts {item!r}: a {extra[name].config.vocab_size}-token vocabulary, not the "
+                f"pair's {d32.config.vocab_size}"
+            )
     ids = encode_inputs(tok, read_lines(MULTI30K_TEST, args.num_inputs), "", 64)
     lines = [np.array([r + [0] * (64 - len(r))], np.int32) for r in ids]
     T = 64
@@ -67,7 +79,9 @@ def main(argv=None) -> int:
         fns[f"γ {g}: f32 target, f32 draft"] = (spec(t32, d32, g), "target alone, float32")
         for dd in args.drafts:
             fns[f"γ {g}: bf16 target, {'f32' if dd == 'float32' else 'bf16'} draft"] = (
-                spec(t16, drafts[dd], g), "target alone, bfloat16")
+                spec(t16, drafts[dd], g),
+                "target alone, bfloat16",
+            )
         for name, d in extra.items():
             fns[f"γ {g}: bf16 target, f32 {name}"] = (spec(t16, d, g), "target alone, bfloat16")
     outputs = {k: [] for k in fns}
@@ -87,14 +101,22 @@ def main(argv=None) -> int:
                     calls[k][0] += int(np.sum(res.lengths))
                     calls[k][1] += int(np.sum(res.num_target_calls))
     b32, b16 = best["target alone, float32"].sum(), best["target alone, bfloat16"].sum()
-    print(f"jax {jax.__version__}, {args.size} pair, batch 1, temperature 0, {len(lines)} Multi30k test lines, "
-          f"best of {args.repeats}")
-    print(f"{'decode':32} {'total ms':>9} {'vs f32 alone':>13} {'vs bf16 alone':>14} {'greedy = its target':>20} "
-          f"{'tokens/target call':>19}")
+    print(
+        f"jax {jax.__version__}, {args.size} pair, batch 1, temperature 0, {len(lines)} Multi30k test lines, "
+        f"best of {args.repeats}"
+    )
+    print(
+        f"{'decode':32} {'total ms':>9} {'vs f32 alone':>13} {'vs bf16 alone':>14} {'greedy = its target':>20} "
+        f"{'tokens/target call':>19}"
+    )
     for k, (_, ref) in fns.items():
-        same = "" if ref is None else f"{sum(np.array_equal(a, b) for a, b in zip(outputs[k], outputs[ref]))}/{len(lines)}"
-        print(f"{k:32} {best[k].sum() * 1e3:9.1f} {b32 / best[k].sum():12.3f}x {b16 / best[k].sum():13.3f}x {same:>20} "
-              f"{calls[k][0] / max(1, calls[k][1]):19.2f}")
+        same = (
+            "" if ref is None else f"{sum(np.array_equal(a, b) for a, b in zip(outputs[k], outputs[ref]))}/{len(lines)}"
+        )
+        print(
+            f"{k:32} {best[k].sum() * 1e3:9.1f} {b32 / best[k].sum():12.3f}x {b16 / best[k].sum():13.3f}x {same:>20} "
+            f"{calls[k][0] / max(1, calls[k][1]):19.2f}"
+        )
     return 0
 
 

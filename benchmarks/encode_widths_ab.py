@@ -43,24 +43,37 @@ def main(argv=None) -> None:
             dm, params = m.decoding_model()
             pair.append((dm if widths is None else T5Decoding(dm.config, widths), params))
         variants[name] = pair
-    lines = (DATA / "train/multi30k/test_2016_flickr.en").read_text().splitlines()[:args.lines]
+    lines = (DATA / "train/multi30k/test_2016_flickr.en").read_text().splitlines()[: args.lines]
     T, W = args.max_decode_length, args.width
-    print(f"jax {jax.__version__}, {jax.default_backend()}; {len(lines)} Multi30k test lines padded to {W}; "
-          f"max_decode_length {T}; tokens/s best of {args.repeats}; before = whole width, after = run-time width")
-    print(f"{'b':>3} {'T':>4} {'fn':>9} | {'before tok/s':>12} {'after tok/s':>11} {'after/before':>12} | "
-          f"{'ms/call before':>14} {'after':>6} | same")
+    print(
+        f"jax {jax.__version__}, {jax.default_backend()}; {len(lines)} Multi30k test lines padded to {W}; "
+        f"max_decode_length {T}; tokens/s best of {args.repeats}; before = whole width, after = run-time width"
+    )
+    print(
+        f"{'b':>3} {'T':>4} {'fn':>9} | {'before tok/s':>12} {'after tok/s':>11} {'after/before':>12} | "
+        f"{'ms/call before':>14} {'after':>6} | same"
+    )
     for b in args.batch_sizes:
         batches = []
         for i in range(0, len(lines) - b + 1, b):
-            x = np.asarray(tok.encode_batch(lines[i:i + b]))[:, :W]
+            x = np.asarray(tok.encode_batch(lines[i : i + b]))[:, :W]
             batches.append(np.pad(x, ((0, 0), (0, W - x.shape[1]))))
         for temp in args.temperatures:
-            fns = {"baseline": lambda t, d, x: specjax.temperature_sample(
-                t, x, rng=0, max_decode_length=T, temperature=temp)}
+            fns = {
+                "baseline": lambda t, d, x: specjax.temperature_sample(
+                    t, x, rng=0, max_decode_length=T, temperature=temp
+                )
+            }
             for g in args.gammas:
-                fns[f"spec γ{g}"] = (lambda g: lambda t, d, x: specjax.speculative_sample(
-                    t, d, x, rng=0, gamma=g, max_decode_length=T, temperature=temp))(g)
+                fns[f"spec γ{g}"] = (
+                    lambda g: (
+                        lambda t, d, x: specjax.speculative_sample(
+                            t, d, x, rng=0, gamma=g, max_decode_length=T, temperature=temp
+                        )
+                    )
+                )(g)
             for fname, fn in fns.items():
+
                 def run(name):
                     t, d = variants[name]
                     n, t0, out = 0, time.perf_counter(), []
@@ -69,6 +82,7 @@ def main(argv=None) -> None:
                         out.append(np.asarray(r.sequences))
                         n += int(np.sum(r.lengths))
                     return n / (time.perf_counter() - t0), (time.perf_counter() - t0) / len(batches), out
+
                 best = {}
                 for name in variants:  # compile and warm up
                     run(name)
@@ -78,9 +92,12 @@ def main(argv=None) -> None:
                         if tps > best.get(name, (0,))[0]:
                             best[name] = (tps, ms, out)
                 same = all(np.array_equal(a, c) for a, c in zip(best["before"][2], best["after"][2]))
-                print(f"{b:3d} {temp:4.1f} {fname:>9} | {best['before'][0]:12.0f} {best['after'][0]:11.0f} "
-                      f"{best['after'][0] / best['before'][0]:12.2f} | {1e3 * best['before'][1]:14.1f} "
-                      f"{1e3 * best['after'][1]:6.1f} | {same}", flush=True)
+                print(
+                    f"{b:3d} {temp:4.1f} {fname:>9} | {best['before'][0]:12.0f} {best['after'][0]:11.0f} "
+                    f"{best['after'][0] / best['before'][0]:12.2f} | {1e3 * best['before'][1]:14.1f} "
+                    f"{1e3 * best['after'][1]:6.1f} | {same}",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ OUT_DIR/model.safetensors + config.json (the format of `save_checkpoint(..., for
 benchmarks/train_small_pair.sh: the parameters alone, small enough to commit between sessions, from which
 `specjax train --init-from OUT_DIR --start-step $(cat OUT_DIR/STEP)` continues (fresh Adam moments).
 """
+
 import argparse
 import json
 import pathlib

@@ -27,8 +27,9 @@ GOALS = {
 }
 
 
-def goal_ratios(records: Sequence[dict], hf: dict | None = None, ct2: dict | None = None,
-                profiles: Sequence[dict] | None = None) -> dict:
+def goal_ratios(
+    records: Sequence[dict], hf: dict | None = None, ct2: dict | None = None, profiles: Sequence[dict] | None = None
+) -> dict:
     """goal key -> {"value", "goal", "what", "where"} for every goal the inputs measure."""
     out = {}
     for temp, key in ((0.0, "speedup_t0_b1"), (1.0, "speedup_t1_b1")):
@@ -40,8 +41,10 @@ def goal_ratios(records: Sequence[dict], hf: dict | None = None, ct2: dict | Non
             if temp == 0.0:
                 out["measured_over_expected"] = {"value": best["speedup_over_expected"], "where": where}
     if hf and hf.get("greedy"):
-        out["specjax_vs_hf_assisted"] = {"value": hf["greedy"]["hf_assisted_over_specjax_spec"],
-                                         "where": f"γ={hf['gamma']}, {hf['num_inputs']} inputs"}
+        out["specjax_vs_hf_assisted"] = {
+            "value": hf["greedy"]["hf_assisted_over_specjax_spec"],
+            "where": f"γ={hf['gamma']}, {hf['num_inputs']} inputs",
+        }
     if ct2:
         by = {}
         for r in ct2["records"]:
@@ -56,11 +59,16 @@ def goal_ratios(records: Sequence[dict], hf: dict | None = None, ct2: dict | Non
                 if bs == 1:
                     out[f"spec_over_ct2_{ct}_b1"] = {"value": spec[0] / peer[0], "where": f"{spec[1]} vs {peer[1]}"}
                 if bs == 32 and ct == "float32":
-                    out["specjax_over_ct2_float32_b32"] = {"value": best[0] / peer[0], "where": f"{best[1]} vs {peer[1]}"}
+                    out["specjax_over_ct2_float32_b32"] = {
+                        "value": best[0] / peer[0],
+                        "where": f"{best[1]} vs {peer[1]}",
+                    }
     for p in profiles or []:
         if p["batch_size"] == 1 and p["temperature"] == 0:
-            out["fixed_cost_b1_inverse"] = {"value": 1.5 / max(1e-9, p["speculative"]["fixed_ms"]),
-                                            "where": f"fixed cost {p['speculative']['fixed_ms']:.2f} ms, γ={p['gamma']}"}
+            out["fixed_cost_b1_inverse"] = {
+                "value": 1.5 / max(1e-9, p["speculative"]["fixed_ms"]),
+                "where": f"fixed cost {p['speculative']['fixed_ms']:.2f} ms, γ={p['gamma']}",
+            }
     for key, d in out.items():
         d["what"], d["goal"] = GOALS[key]
     return out

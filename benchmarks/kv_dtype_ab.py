@@ -38,10 +38,12 @@ def main(argv=None) -> int:
     lines = [np.array([r + [0] * (64 - len(r))], np.int32) for r in ids]
     kw = dict(max_decode_length=64, temperature=0.0)
     fns = {
-        "speculative, bfloat16 memory": lambda x: specjax.speculative_sample((before, params), d32, x,
-                                                                             gamma=args.gamma, **kw),
-        f"speculative, {after.kv_dtype} memory": lambda x: specjax.speculative_sample((after, params), d32, x,
-                                                                                     gamma=args.gamma, **kw),
+        "speculative, bfloat16 memory": lambda x: specjax.speculative_sample(
+            (before, params), d32, x, gamma=args.gamma, **kw
+        ),
+        f"speculative, {after.kv_dtype} memory": lambda x: specjax.speculative_sample(
+            (after, params), d32, x, gamma=args.gamma, **kw
+        ),
         "target alone, bfloat16 memory": lambda x: specjax.temperature_sample((before, params), x, **kw),
         f"target alone, {after.kv_dtype} memory": lambda x: specjax.temperature_sample((after, params), x, **kw),
     }
@@ -57,8 +59,10 @@ def main(argv=None) -> int:
                 best[k][j] = min(best[k][j], time.perf_counter() - t0)
                 if r == 0:
                     outs[k].append(np.asarray(res.sequences))
-    print(f"jax {jax.__version__}, small pair, bfloat16 target, float32 draft, batch 1, temperature 0, "
-          f"γ {args.gamma}, {len(lines)} Multi30k test lines, best of {args.repeats}")
+    print(
+        f"jax {jax.__version__}, small pair, bfloat16 target, float32 draft, batch 1, temperature 0, "
+        f"γ {args.gamma}, {len(lines)} Multi30k test lines, best of {args.repeats}"
+    )
     names = list(fns)
     for k in names:
         print(f"{k:40} {best[k].sum() * 1e3:9.1f} ms")

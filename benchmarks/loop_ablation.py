@@ -45,6 +45,7 @@ from specjax.decoding.verify import Proposal
 @dataclasses.dataclass(frozen=True)
 class ConstantDraft:
     """A draft source with no model: proposes ``d[n] + 5`` in every slot (p = 0: unused when all rows are greedy)."""
+
     vocab_size: int
     pad_id: int = 0
 
@@ -55,8 +56,9 @@ class ConstantDraft:
         b = positions.shape[0]
         last = decoder_input_at(sequences, positions, self.pad_id)
         tokens = jnp.broadcast_to((last[:, None] + 5) % self.vocab_size, (b, gamma)).astype(jnp.int32)
-        return Proposal(tokens, jnp.zeros((b, gamma, self.vocab_size), jnp.float32),
-                        jnp.full((b,), gamma, jnp.int32)), carry
+        return Proposal(
+            tokens, jnp.zeros((b, gamma, self.vocab_size), jnp.float32), jnp.full((b,), gamma, jnp.int32)
+        ), carry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +66,7 @@ class RejectingTarget:
     """A stand-in target (a ``DecodingModel``): logits one-hot at ``token + 7`` (never EOS), so every draft is
     rejected and rows end at ``max_decode_length``. With params ``{"weights": array}`` each call also reads the
     whole array (a sum scaled by the input, so it cannot be hoisted out of the loop)."""
+
     vocab_size: int
     pad_id: int = 0
 
@@ -88,12 +91,18 @@ def main(argv=None) -> int:
     parser.add_argument("--gamma", type=int, default=5, help="γ (default: 5)")
     parser.add_argument("--num-inputs", type=int, default=12, help="Multi30k test lines (default: 12)")
     parser.add_argument("--repeats", type=int, default=3, help="timed passes; each line keeps its best (default: 3)")
-    parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"],
-                        help="the target's dtype (default: bfloat16)")
-    parser.add_argument("--draft-dtype", default="float32", choices=["float32", "bfloat16"],
-                        help="the draft's dtype (default: float32)")
-    parser.add_argument("--flush-mb", type=float, default=None,
-                        help="MB the cold stand-in target reads per call (default: the target's decoder weights, what one of its calls reads)")
+    parser.add_argument(
+        "--dtype", default="bfloat16", choices=["float32", "bfloat16"], help="the target's dtype (default: bfloat16)"
+    )
+    parser.add_argument(
+        "--draft-dtype", default="float32", choices=["float32", "bfloat16"], help="the draft's dtype (default: float32)"
+    )
+    parser.add_argument(
+        "--flush-mb",
+        type=float,
+        default=None,
+        help="MB the cold stand-in target reads per call (default: the target's decoder weights, what one of its calls reads)",
+    )
     args = parser.parse_args(argv)
 
     target, draft, tokenizer = specjax.load_default_pair(size="small", dtype=args.dtype, draft_dtype=args.draft_dtype)
@@ -129,19 +138,25 @@ def main(argv=None) -> int:
                 best[k][j] = min(best[k][j], (time.perf_counter() - t0) * 1e3)
                 iters[k][j] = int(np.asarray(result.num_target_calls).sum())
     per = {k: best[k].sum() / iters[k].sum() for k in variants}
-    print(f"jax {jax.__version__}, small pair ({args.dtype} target, {args.draft_dtype} draft), γ {g}, batch 1, "
-          f"temperature 0, {len(lines)} lines, best of {args.repeats}; cold stand-in reads "
-          f"{flush_bytes / 1e6:.1f} MB a call")
+    print(
+        f"jax {jax.__version__}, small pair ({args.dtype} target, {args.draft_dtype} draft), γ {g}, batch 1, "
+        f"temperature 0, {len(lines)} lines, best of {args.repeats}; cold stand-in reads "
+        f"{flush_bytes / 1e6:.1f} MB a call"
+    )
     print(f"{'variant':18} {'iterations':>10} {'ms / iteration':>15}")
     for k in variants:
         print(f"{k:18} {int(iters[k].sum()):10d} {per[k]:15.3f}")
     warm = per["no target"] - per["no models"]
     cold = per["no target, cold"] - per["no models, cold"]
     window = per["no draft"]
-    print(f"draft, γ steps, weights warm: {warm:.3f} ms ({warm / g:.3f} a step); weights cold: {cold:.3f} ms "
-          f"(+{cold - warm:.3f} ms an iteration)")
-    print(f"target window + loop (no draft): {window:.3f} ms; real iteration {per['real']:.3f} ms = window + loop "
-          f"+ cold draft + {per['real'] - window - cold:.3f} ms")
+    print(
+        f"draft, γ steps, weights warm: {warm:.3f} ms ({warm / g:.3f} a step); weights cold: {cold:.3f} ms "
+        f"(+{cold - warm:.3f} ms an iteration)"
+    )
+    print(
+        f"target window + loop (no draft): {window:.3f} ms; real iteration {per['real']:.3f} ms = window + loop "
+        f"+ cold draft + {per['real'] - window - cold:.3f} ms"
+    )
     return 0
 
 

@@ -46,12 +46,12 @@ def make(target_cfg, draft_cfg, with_window: bool, draft_widths: tuple[int, ...]
             # acc sums the argmax of every logit row, as the loops' greedy draws read them (a single logit would let
             # XLA compute one column of the logits dot)
             if with_window:
-                logits, tcache = t5.decode(target_cfg, tp, tenc, jnp.full((1, gamma + 1), 5, jnp.int32) + dep,
-                                           tcache, pos)
+                logits, tcache = t5.decode(
+                    target_cfg, tp, tenc, jnp.full((1, gamma + 1), 5, jnp.int32) + dep, tcache, pos
+                )
                 acc = acc + argmax(logits).sum().astype(jnp.float32)
             for j, k in enumerate(draft_widths):
-                logits, dcache = t5.decode(draft_cfg, dp, denc, jnp.full((1, k), 5, jnp.int32) + dep, dcache,
-                                           pos + j)
+                logits, dcache = t5.decode(draft_cfg, dp, denc, jnp.full((1, k), 5, jnp.int32) + dep, dcache, pos + j)
                 acc = acc + argmax(logits).sum().astype(jnp.float32)
             return tcache, dcache, acc
 
@@ -71,7 +71,7 @@ def main():
     target, draft, tok = specjax.load_default_pair(size=args.size)
     x = np.zeros((1, 64), np.int32)
     ids = tok.encode("A man in a blue shirt is riding a bicycle down the street.")
-    x[0, :len(ids)] = ids
+    x[0, : len(ids)] = ids
     drafts = {"f32": draft}
     if args.bf16_draft:
         drafts["bf16"] = draft.astype("bfloat16")
@@ -83,13 +83,19 @@ def main():
     for kind, d in drafts.items():
         denc = jax.jit(lambda p, x, c=d.config: t5.encode(c, p, x))(d.params, x)
         args_ = (target.params, d.params, tenc, denc)
-        for name, window, widths in [("window", True, ()), ("draft 2+1x(g-1)", False, catch_up),
-                                     ("draft 1xg", False, plain), ("window + draft 2+1x(g-1)", True, catch_up),
-                                     ("window + draft 1xg", True, plain)]:
+        for name, window, widths in [
+            ("window", True, ()),
+            ("draft 2+1x(g-1)", False, catch_up),
+            ("draft 1xg", False, plain),
+            ("window + draft 2+1x(g-1)", True, catch_up),
+            ("window + draft 1xg", True, plain),
+        ]:
             if kind != "f32" and name == "window":
                 continue
             variants[f"{name} [{kind} draft]" if "draft" in name else name] = (
-                make(target.config, d.config, window, widths, g, cache_len), args_)
+                make(target.config, d.config, window, widths, g, cache_len),
+                args_,
+            )
     for fn, a in variants.values():
         fn(*a).block_until_ready()
     times = {k: [] for k in variants}
@@ -98,15 +104,19 @@ def main():
             t0 = time.perf_counter()
             fn(*a).block_until_ready()
             times[k].append((time.perf_counter() - t0) / STEPS * 1e3)
-    print(f"jax {jax.__version__}, {args.size} pair, batch 1, γ {g}; ms per loop iteration "
-          f"(median, min of {args.repeats})")
+    print(
+        f"jax {jax.__version__}, {args.size} pair, batch 1, γ {g}; ms per loop iteration "
+        f"(median, min of {args.repeats})"
+    )
     for k, v in times.items():
         print(f"{k:38s} {np.median(v):7.3f} {min(v):7.3f}")
     med = {k: float(np.median(v)) for k, v in times.items()}
     for kind in drafts:
         for widths in ("2+1x(g-1)", "1xg"):
-            both, alone = med[f"window + draft {widths} [{kind} draft]"], med["window"] + med[
-                f"draft {widths} [{kind} draft]"]
+            both, alone = (
+                med[f"window + draft {widths} [{kind} draft]"],
+                med["window"] + med[f"draft {widths} [{kind} draft]"],
+            )
             print(f"together − apart, {kind} draft {widths}: {both - alone:+.3f} ms")
 
 

@@ -46,22 +46,23 @@ def main(argv=None) -> int:
     parser.add_argument("--num-inputs", type=int, default=24, help="Multi30k test lines (default: 24)")
     parser.add_argument("--repeats", type=int, default=3, help="timed passes; each line keeps its best (default: 3)")
     parser.add_argument("--width", type=int, default=64, help="inputs padded to this many tokens (default: 64)")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
-                        help="the target's dtype (default: float32)")
-    parser.add_argument("--draft-dtype", default=None, choices=["float32", "bfloat16"],
-                        help="the draft's dtype (default: the target's)")
+    parser.add_argument(
+        "--dtype", default="float32", choices=["float32", "bfloat16"], help="the target's dtype (default: float32)"
+    )
+    parser.add_argument(
+        "--draft-dtype", default=None, choices=["float32", "bfloat16"], help="the draft's dtype (default: the target's)"
+    )
     args = parser.parse_args(argv)
 
-    target, draft, tokenizer = specjax.load_default_pair(size=args.size, dtype=args.dtype,
-                                                         draft_dtype=args.draft_dtype)
+    target, draft, tokenizer = specjax.load_default_pair(size=args.size, dtype=args.dtype, draft_dtype=args.draft_dtype)
     ids = encode_inputs(tokenizer, read_lines(MULTI30K_TEST, args.num_inputs), "", args.width)
     lines = [np.array([row + [0] * (args.width - len(row))], np.int32) for row in ids]
     T, temp = 64, args.temperature
-    fns = {"temperature_sample": lambda x: specjax.temperature_sample(target, x, max_decode_length=T,
-                                                                      temperature=temp)}
+    fns = {"temperature_sample": lambda x: specjax.temperature_sample(target, x, max_decode_length=T, temperature=temp)}
     for g in args.gammas:
-        fns[f"speculative γ={g}"] = (lambda x, g=g: specjax.speculative_sample(
-            target, draft, x, gamma=g, max_decode_length=T, temperature=temp))
+        fns[f"speculative γ={g}"] = lambda x, g=g: specjax.speculative_sample(
+            target, draft, x, gamma=g, max_decode_length=T, temperature=temp
+        )
     for fn in fns.values():  # compile
         jax.block_until_ready(fn(lines[0]))
     best = {k: np.full(len(lines), np.inf) for k in fns}
@@ -75,15 +76,18 @@ def main(argv=None) -> int:
                 iters[k][j] = int(np.asarray(result.num_target_calls).sum())
 
     costs = measure_costs(target, draft, lines[0], args.gammas)
-    print(f"jax {jax.__version__}, {args.size} pair ({args.dtype} target, {args.draft_dtype or args.dtype} draft), "
-          f"batch 1, temperature {temp:g}, {len(lines)} lines, "
-          f"best of {args.repeats}")
+    print(
+        f"jax {jax.__version__}, {args.size} pair ({args.dtype} target, {args.draft_dtype or args.dtype} draft), "
+        f"batch 1, temperature {temp:g}, {len(lines)} lines, "
+        f"best of {args.repeats}"
+    )
     windows = ", ".join(f"γ={g} window {w * 1e3:.3f} ms" for g, w in costs["target_window_s"].items())
-    print(f"isolated (jitted loops of decode calls): target step {costs['target_step_s'] * 1e3:.3f} ms, "
-          f"draft step {costs['draft_step_s'] * 1e3:.3f} ms, {windows}")
+    print(
+        f"isolated (jitted loops of decode calls): target step {costs['target_step_s'] * 1e3:.3f} ms, "
+        f"draft step {costs['draft_step_s'] * 1e3:.3f} ms, {windows}"
+    )
     base_total = best["temperature_sample"].sum()
-    print(f"{'decode':22} {'total ms':>9} {'iterations':>10} {'fixed ms':>9} {'ms/iteration':>12} "
-          f"{'speedup':>8}")
+    print(f"{'decode':22} {'total ms':>9} {'iterations':>10} {'fixed ms':>9} {'ms/iteration':>12} {'speedup':>8}")
     for k in fns:
         fixed, per_it = fit(best[k], iters[k])
         extra = ""
@@ -91,8 +95,10 @@ def main(argv=None) -> int:
             g = int(k.split("=")[1])
             parts = costs["target_window_s"][g] + g * costs["draft_step_s"]
             extra = f"  (window + γ draft steps {parts * 1e3:.3f} ms: loop overhead {per_it - parts * 1e3:.3f} ms)"
-        print(f"{k:22} {best[k].sum():9.1f} {int(iters[k].sum()):10d} {fixed:9.2f} {per_it:12.3f} "
-              f"{base_total / best[k].sum():8.3f}{extra}")
+        print(
+            f"{k:22} {best[k].sum():9.1f} {int(iters[k].sum()):10d} {fixed:9.2f} {per_it:12.3f} "
+            f"{base_total / best[k].sum():8.3f}{extra}"
+        )
     return 0
 
 

@@ -32,25 +32,39 @@ def main(argv=None) -> dict:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--mesh", default=None, help="mesh for model parallel, e.g. data:2,model:4")
     parser.add_argument("--d-model", type=int, default=128)
-    parser.add_argument("--data-parallel-devices", default="2",
-                        help="also run data parallel on these device counts (comma-separated); all always")
+    parser.add_argument(
+        "--data-parallel-devices",
+        default="2",
+        help="also run data parallel on these device counts (comma-separated); all always",
+    )
     args = parser.parse_args(argv)
 
     import jax
+
     if args.cpu_devices:
         jax.config.update("jax_platforms", "cpu")
         jax.config.update("jax_num_cpu_devices", args.cpu_devices)
     import numpy as np
+
     from specjax import T5Config, T5Model, parallel, temperature_sample
 
     compiles = []
     jax.monitoring.register_event_duration_secs_listener(
-        lambda event, duration, **kw: compiles.append(event)
-        if event == "/jax/core/compile/backend_compile_duration" else None)
+        lambda event, duration, **kw: (
+            compiles.append(event) if event == "/jax/core/compile/backend_compile_duration" else None
+        )
+    )
 
     n = jax.device_count()
-    cfg = T5Config(vocab_size=256, d_model=args.d_model, num_heads=8, head_dim=16, mlp_dim=4 * args.d_model,
-                   num_encoder_layers=2, num_decoder_layers=2)
+    cfg = T5Config(
+        vocab_size=256,
+        d_model=args.d_model,
+        num_heads=8,
+        head_dim=16,
+        mlp_dim=4 * args.d_model,
+        num_encoder_layers=2,
+        num_decoder_layers=2,
+    )
     model = T5Model.random(cfg, 0)
     rs = np.random.RandomState(0)
     tokens = rs.randint(2, cfg.vocab_size, size=(args.batch, args.input_length)).astype(np.int32)
@@ -63,18 +77,26 @@ def main(argv=None) -> dict:
         if d > n:
             continue
         devices = jax.devices()[:d]
-        replicated = parallel.replicate_params(
-            model, jax.sharding.Mesh(np.asarray(devices), ("data",)))
+        replicated = parallel.replicate_params(model, jax.sharding.Mesh(np.asarray(devices), ("data",)))
         modes[f"data_parallel_{d}"] = functools.partial(
             lambda key, devices, replicated: parallel.data_parallel_sample(
-                temperature_sample, replicated, tokens, rng=key, devices=devices, **kwargs),
-            devices=devices, replicated=replicated)
+                temperature_sample, replicated, tokens, rng=key, devices=devices, **kwargs
+            ),
+            devices=devices,
+            replicated=replicated,
+        )
     sharded = parallel.shard_params(model, mesh)
-    modes["mesh_" + ",".join(f"{k}:{v}" for k, v in mesh.shape.items())] = (
-        lambda key: parallel.model_parallel_sample(temperature_sample, sharded, tokens, rng=key, mesh=mesh,
-                                                   **kwargs))
-    results = {"devices": n, "platform": jax.devices()[0].platform, "batch": args.batch,
-               "max_decode_length": args.max_decode_length, "d_model": args.d_model, "modes": {}}
+    modes["mesh_" + ",".join(f"{k}:{v}" for k, v in mesh.shape.items())] = lambda key: parallel.model_parallel_sample(
+        temperature_sample, sharded, tokens, rng=key, mesh=mesh, **kwargs
+    )
+    results = {
+        "devices": n,
+        "platform": jax.devices()[0].platform,
+        "batch": args.batch,
+        "max_decode_length": args.max_decode_length,
+        "d_model": args.d_model,
+        "modes": {},
+    }
     for name, run in modes.items():
         run(key=jax.random.PRNGKey(0))  # warm-up: compiles
         compiles.clear()
@@ -85,9 +107,12 @@ def main(argv=None) -> dict:
             times.append(time.perf_counter() - t0)
             tokens_out = int(result.lengths.sum())
         sec = statistics.median(times)
-        results["modes"][name] = {"median_s": round(sec, 4), "tokens": tokens_out,
-                                  "tokens_per_s": round(tokens_out / sec, 1),
-                                  "compiles_during_timed_calls": len(compiles)}
+        results["modes"][name] = {
+            "median_s": round(sec, 4),
+            "tokens": tokens_out,
+            "tokens_per_s": round(tokens_out / sec, 1),
+            "compiles_during_timed_calls": len(compiles),
+        }
     results["parallel_compiled_programs"] = parallel.num_compiled_programs()
     return results
 

@@ -10,6 +10,7 @@ initialisation and after training and the relative change. A tensor that barely 
 moved tens of percent is one the optimizer does not reach (TRAINING.md of the small pair, twentieth session:
 the unit-scale token embedding under AdamW).
 """
+
 import argparse
 
 import numpy as np
@@ -31,8 +32,10 @@ def main():
         if args.match and not any(m in name for m in args.match):
             continue
         a, b = np.asarray(init[name], np.float64), np.asarray(trained[name], np.float64)
-        print(f"{name:60s} rms_init {np.sqrt((a ** 2).mean()):.4f}  rms_trained {np.sqrt((b ** 2).mean()):.4f}  "
-              f"relative change {np.linalg.norm(b - a) / np.linalg.norm(a):.3f}")
+        print(
+            f"{name:60s} rms_init {np.sqrt((a**2).mean()):.4f}  rms_trained {np.sqrt((b**2).mean()):.4f}  "
+            f"relative change {np.linalg.norm(b - a) / np.linalg.norm(a):.3f}"
+        )
 
 
 if __name__ == "__main__":

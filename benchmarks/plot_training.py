@@ -59,8 +59,12 @@ def main(argv=None) -> int:
     ap.add_argument("out", help="the PNG to write")
     ap.add_argument("--log", action="append", required=True, metavar="[LABEL=]LOG_JSONL")
     ap.add_argument("--bleu", action="append", default=[], metavar="[LABEL=]BLEU_TXT")
-    ap.add_argument("--tokens-per-batch", type=int, default=2048,
-                    help="the runs' --tokens-per-batch, for the x axis label (default: 2048)")
+    ap.add_argument(
+        "--tokens-per-batch",
+        type=int,
+        default=2048,
+        help="the runs' --tokens-per-batch, for the x axis label (default: 2048)",
+    )
     args = ap.parse_args(argv)
     import matplotlib
 

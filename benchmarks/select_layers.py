@@ -15,6 +15,7 @@ any checkpoint `specjax.load_checkpoint` reads. OUT_DIR gets `config.json`, `mod
 dtype) and the input's `spiece.model` when it has one. SystemExit with a message for a layer index outside the
 model, a repeated index, or no layer kept.
 """
+
 import argparse
 import dataclasses
 import pathlib
@@ -37,8 +38,9 @@ def select_layers(model: T5Model, stack: str, keep: list[int]) -> T5Model:
     field = "num_decoder_layers" if stack == "decoder" else "num_encoder_layers"
     count = getattr(model.config, field)
     if not keep or len(set(keep)) != len(keep) or any(not 0 <= i < count for i in keep):
-        raise SystemExit(f"--{stack}-layers {keep}: give distinct indices in [0, {count}) (the {stack} has "
-                         f"{count} layers).")
+        raise SystemExit(
+            f"--{stack}-layers {keep}: give distinct indices in [0, {count}) (the {stack} has {count} layers)."
+        )
     new_index = {old: new for new, old in enumerate(keep)}
     out = {}
     for key, value in traverse_util.flatten_dict(model.params, sep="/").items():
@@ -69,8 +71,10 @@ def main(argv=None) -> None:
     vocab = args.input / "spiece.model"
     if vocab.exists():
         shutil.copy(vocab, args.output / "spiece.model")
-    print(f"{args.output}: {model.config.num_encoder_layers} encoder + {model.config.num_decoder_layers} decoder "
-          f"layers, {model.num_params:,} parameters")
+    print(
+        f"{args.output}: {model.config.num_encoder_layers} encoder + {model.config.num_decoder_layers} decoder "
+        f"layers, {model.num_params:,} parameters"
+    )
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ decode: ``specjax.models.t5.decode`` jitted with the parameters as arguments, ba
 96-slot cache; median of per-round means. Random weights (time does not depend on the values).
 Prints one line per candidate: parameters, decoder float32 MB, per-token decode multiply-adds, times.
 """
+
 import dataclasses
 import os
 import sys
@@ -30,8 +31,9 @@ from specjax.tokenizer import Tokenizer
 
 
 def v11(d, n, f, enc, dec, h=64):
-    return T5Config(vocab_size=8000, d_model=d, num_heads=n, head_dim=h, mlp_dim=f, num_encoder_layers=enc,
-                    num_decoder_layers=dec)
+    return T5Config(
+        vocab_size=8000, d_model=d, num_heads=n, head_dim=h, mlp_dim=f, num_encoder_layers=enc, num_decoder_layers=dec
+    )
 
 
 CANDIDATES = {
@@ -97,17 +99,22 @@ def probe_train(names, rounds=3):
                 jax.block_until_ready((params, m))
                 times[name][shape].append(time.perf_counter() - t0)
             state[name][1:] = [params, os_]
-        print(f"round {r}: " + "; ".join(f"{n}: {np.mean([v[-1] for v in times[n].values()]):.2f}s"
-                                          for n in names), flush=True)
+        print(
+            f"round {r}: " + "; ".join(f"{n}: {np.mean([v[-1] for v in times[n].values()]):.2f}s" for n in names),
+            flush=True,
+        )
     ref = names[0]
     w = {n: sum(shapes[s] * np.median(times[n][s]) for s in shapes) / sum(shapes.values()) for n in names}
     for n in names:
         mb, mac = decoder_sizes(CANDIDATES[n])
         per_shape = ", ".join(f"{s[0]}x{s[1]}: {np.median(times[n][s]):.2f}" for s in shapes)
-        print(f"TRAIN {n:28s} params {t5.count_params(state[n][1]) / 1e6:5.1f}M  s/step {w[n]:.2f} "
-              f"(x{w[n] / w[ref]:.1f} of {ref}; {per_shape}; min/max over rounds "
-              f"{min(min(v) for v in times[n].values()):.2f}/{max(max(v) for v in times[n].values()):.2f})  "
-              f"epoch (292 steps) {292 * w[n] / 60:.0f} min", flush=True)
+        print(
+            f"TRAIN {n:28s} params {t5.count_params(state[n][1]) / 1e6:5.1f}M  s/step {w[n]:.2f} "
+            f"(x{w[n] / w[ref]:.1f} of {ref}; {per_shape}; min/max over rounds "
+            f"{min(min(v) for v in times[n].values()):.2f}/{max(max(v) for v in times[n].values()):.2f})  "
+            f"epoch (292 steps) {292 * w[n] / 60:.0f} min",
+            flush=True,
+        )
 
 
 def probe_decode(names, rounds=5, calls=100):
@@ -122,8 +129,9 @@ def probe_decode(names, rounds=5, calls=100):
         state[name] = (c, params, encoded)
         for k in (1, 5):
             cache = t5.init_cache(c, 1, 96)
-            jax.block_until_ready(fn(c, params, encoded, jnp.zeros((1, k), jnp.int32), cache,
-                                     jnp.full((1,), 10, jnp.int32)))
+            jax.block_until_ready(
+                fn(c, params, encoded, jnp.zeros((1, k), jnp.int32), cache, jnp.full((1,), 10, jnp.int32))
+            )
     times = {n: {1: [], 5: []} for n in names}
     for _ in range(rounds):
         for name in names:
@@ -140,9 +148,12 @@ def probe_decode(names, rounds=5, calls=100):
     for n in names:
         mb, mac = decoder_sizes(CANDIDATES[n])
         t1, t5w = np.median(times[n][1]), np.median(times[n][5])
-        print(f"DECODE {n:28s} dec {mb:6.1f} MiB f32  {mac / 1e6:6.2f}M MAC/token  k=1 {t1:6.3f} ms "
-              f"(x{t1 / np.median(times[ref][1]):.1f} of {ref}; rounds {min(times[n][1]):.3f}-{max(times[n][1]):.3f})"
-              f"  k=5 {t5w:6.3f} ms (x{t5w / t1:.2f} of k=1)", flush=True)
+        print(
+            f"DECODE {n:28s} dec {mb:6.1f} MiB f32  {mac / 1e6:6.2f}M MAC/token  k=1 {t1:6.3f} ms "
+            f"(x{t1 / np.median(times[ref][1]):.1f} of {ref}; rounds {min(times[n][1]):.3f}-{max(times[n][1]):.3f})"
+            f"  k=5 {t5w:6.3f} ms (x{t5w / t1:.2f} of k=1)",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ import argparse
 import collections
 import functools
 import importlib.util
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -30,9 +29,9 @@ import numpy as np
 import specjax
 from specjax.models import t5 as t5_new
 
-CACHE_LEN = 72      # slots: a max_decode_length of 64 plus room for a window
-MAX_POS = 64        # positions cycle in [0, MAX_POS)
-ENC_LEN = 32        # encoder tokens per row
+CACHE_LEN = 72  # slots: a max_decode_length of 64 plus room for a window
+MAX_POS = 64  # positions cycle in [0, MAX_POS)
+ENC_LEN = 32  # encoder tokens per row
 
 
 def load_impl(path: str):
@@ -98,9 +97,14 @@ def main(argv=None) -> None:
     parser.add_argument("--gamma", type=int, default=3)
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--models", nargs="+", default=["target", "draft"])
-    parser.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
-                        help="also time the new code compiled with these XLA options (e.g. "
-                             "xla_cpu_multi_thread_eigen=false, or several: A=1,B=2), side by side; repeatable")
+    parser.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="also time the new code compiled with these XLA options (e.g. "
+        "xla_cpu_multi_thread_eigen=false, or several: A=1,B=2), side by side; repeatable",
+    )
     parser.add_argument("--profile", help="folder for jax.profiler traces (one per program)")
     parser.add_argument("--size", default="mini", choices=["mini", "small"], help="which shipped pair (default: mini)")
     args = parser.parse_args(argv)
@@ -123,7 +127,7 @@ def main(argv=None) -> None:
         model = models[name]
         for b in args.batch:
             enc = rng.integers(3, model.config.vocab_size, size=(b, ENC_LEN)).astype(np.int32)
-            enc[::2, ENC_LEN // 2:] = 0  # padding in every other row
+            enc[::2, ENC_LEN // 2 :] = 0  # padding in every other row
             for iname, (impl, options) in impls.items():
                 encoded = jax.jit(functools.partial(impl.encode, model.config))(model.params, enc)
                 cache = impl.init_cache(model.config, b, CACHE_LEN)
@@ -140,8 +144,10 @@ def main(argv=None) -> None:
             times[key].append((time.perf_counter() - t0) * 1e3 / args.steps)
 
     ms = {key: min(v) for key, v in times.items()}  # best of: the least disturbed by other jobs
-    print(f"jax {jax.__version__}; ms per decode call (best of {args.repeats} loops of {args.steps} calls); "
-          f"window = {args.gamma + 1} tokens; XLA_FLAGS={__import__('os').environ.get('XLA_FLAGS', '')!r}")
+    print(
+        f"jax {jax.__version__}; ms per decode call (best of {args.repeats} loops of {args.steps} calls); "
+        f"window = {args.gamma + 1} tokens; XLA_FLAGS={__import__('os').environ.get('XLA_FLAGS', '')!r}"
+    )
     header = f"{'model':7} {'batch':>5} {'impl':4} {'step ms':>8} {'window ms':>10} {'window/step':>11}"
     print(header)
     for name in args.models:

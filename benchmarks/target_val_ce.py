@@ -10,12 +10,13 @@ every checkpoint: 16,037 target tokens with the 8k vocabulary), and the cross-en
 ``train.cross_entropy_loss`` of the model's logits, the training loss without label smoothing or dropout. A
 smoother signal than greedy BLEU for comparing snapshots of one recipe with another.
 """
+
 import pathlib
 import sys
 
 import jax
-
 from draft_alpha import load  # a Hugging Face directory or a specjax train snapshot (benchmarks/ is on sys.path)
+
 from specjax import train as tr
 from specjax.models import t5
 from specjax.tokenizer import Tokenizer
@@ -24,8 +25,9 @@ from specjax.tokenizer import Tokenizer
 def main(paths):
     tok = Tokenizer("specjax/assets/default_pair/spiece.model", extra_ids=0)
     data = pathlib.Path("../shared/data/train/multi30k")
-    src, tgt = tr.tokenize_pairs(tok, (data / "val.en").read_text().splitlines(),
-                                 (data / "val.de").read_text().splitlines())
+    src, tgt = tr.tokenize_pairs(
+        tok, (data / "val.en").read_text().splitlines(), (data / "val.de").read_text().splitlines()
+    )
     for path in paths:
         model = load(path)
         f = jax.jit(lambda p, e, d: tr.cross_entropy_loss(t5.logits(model.config, p, e, tr.shift_right(d)), d))

@@ -29,15 +29,23 @@ SHAPES = ((128, 16), (85, 24))
 
 def make_step(config, plain: bool):
     """The jitted train step of ``config``, traced now (with plain einsums if ``plain``), and its inputs."""
-    tc = tr.TrainConfig(num_steps=9000, tokens_per_batch=2048, learning_rate=5e-4, warmup_steps=300,
-                        dropout_rate=0.1, compute_dtype="bfloat16")
+    tc = tr.TrainConfig(
+        num_steps=9000,
+        tokens_per_batch=2048,
+        learning_rate=5e-4,
+        warmup_steps=300,
+        dropout_rate=0.1,
+        compute_dtype="bfloat16",
+    )
     opt = tr._optimizer(tc)
     params = t5.init_params(config, 0)
     opt_state = opt.init(params)
     step = tr._make_step(config, opt, "reference", 0.0, None, 0.1, 0, "bfloat16")
     rng = np.random.default_rng(0)
-    batches = [(rng.integers(2, config.vocab_size, s).astype(np.int32),
-                rng.integers(2, config.vocab_size, s).astype(np.int32)) for s in SHAPES]
+    batches = [
+        (rng.integers(2, config.vocab_size, s).astype(np.int32), rng.integers(2, config.vocab_size, s).astype(np.int32))
+        for s in SHAPES
+    ]
     original = t5._dense_matmul
     if plain:
         t5._dense_matmul = lambda x, kernel: jnp.einsum("...i,io->...o", x, kernel)
@@ -51,8 +59,12 @@ def make_step(config, plain: bool):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--size", default="small-target", choices=sorted(_model_sizes()),
-                        help="a `specjax train --model` size (default: small-target)")
+    parser.add_argument(
+        "--size",
+        default="small-target",
+        choices=sorted(_model_sizes()),
+        help="a `specjax train --model` size (default: small-target)",
+    )
     parser.add_argument("--repeats", type=int, default=4)
     args = parser.parse_args()
     config = _model_sizes()[args.size]

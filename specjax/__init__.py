@@ -4,20 +4,36 @@ The public API is re-exported here; modules are private. Heavy optional packages
 transformers, matplotlib) are imported only by the functions that need them.
 """
 
-from specjax.config import PRESETS, T5Config
-from specjax.models.t5 import T5Model
+from specjax import parallel
 from specjax.checkpoints import CheckpointError, load_checkpoint, save_checkpoint
-from specjax.tokenizer import Tokenizer
+from specjax.config import PRESETS, T5Config
 from specjax.decoding import DecodeConfig, DecodeResult, PromptLookupDraft, speculative_sample, temperature_sample
 from specjax.defaults import load_default_pair
-from specjax import parallel
+from specjax.models.t5 import T5Model
 from specjax.parallel import data_parallel_sample, make_mesh, model_parallel_sample, shard_params
 from specjax.seqio_interop import SeqioDecodeResult, seqio_decode  # imports seqio (TensorFlow) only when called
+from specjax.tokenizer import Tokenizer
 
 __all__ = [
-    "PRESETS", "T5Config", "T5Model", "CheckpointError", "load_checkpoint", "save_checkpoint", "Tokenizer",
-    "DecodeConfig", "DecodeResult", "PromptLookupDraft", "speculative_sample", "temperature_sample",
-    "load_default_pair", "parallel", "data_parallel_sample", "make_mesh", "model_parallel_sample", "shard_params",
-    "seqio_decode", "SeqioDecodeResult",
+    "PRESETS",
+    "T5Config",
+    "T5Model",
+    "CheckpointError",
+    "load_checkpoint",
+    "save_checkpoint",
+    "Tokenizer",
+    "DecodeConfig",
+    "DecodeResult",
+    "PromptLookupDraft",
+    "speculative_sample",
+    "temperature_sample",
+    "load_default_pair",
+    "parallel",
+    "data_parallel_sample",
+    "make_mesh",
+    "model_parallel_sample",
+    "shard_params",
+    "seqio_decode",
+    "SeqioDecodeResult",
 ]
 __version__ = "0.1.0"

@@ -1,4 +1,5 @@
 """``python -m specjax`` runs the command-line tool."""
+
 import sys
 
 from specjax.cli import main

@@ -60,16 +60,25 @@ class T5Config:
     name: str = "custom"
 
     def __post_init__(self):
-        for field in ("vocab_size", "d_model", "num_heads", "head_dim", "mlp_dim",
-                      "num_encoder_layers", "num_decoder_layers", "relative_attention_num_buckets",
-                      "relative_attention_max_distance"):
+        for field in (
+            "vocab_size",
+            "d_model",
+            "num_heads",
+            "head_dim",
+            "mlp_dim",
+            "num_encoder_layers",
+            "num_decoder_layers",
+            "relative_attention_num_buckets",
+            "relative_attention_max_distance",
+        ):
             value = getattr(self, field)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"T5Config.{field} must be a positive int, got {value!r}.")
         for field in ("dtype", "param_dtype"):
             if getattr(self, field) not in ("float32", "bfloat16", "float16"):
                 raise ValueError(
-                    f"T5Config.{field} must be 'float32', 'bfloat16' or 'float16', got {getattr(self, field)!r}.")
+                    f"T5Config.{field} must be 'float32', 'bfloat16' or 'float16', got {getattr(self, field)!r}."
+                )
 
     @property
     def compute_dtype(self) -> Any:
@@ -83,7 +92,7 @@ class T5Config:
 
     @property
     def family(self) -> str:
-        """"t5_1_1" (gated GELU, untied logits) or "t5_1_0" (ReLU, logits through the embedding)."""
+        """ "t5_1_1" (gated GELU, untied logits) or "t5_1_0" (ReLU, logits through the embedding)."""
         return "t5_1_1" if self.gated_gelu else "t5_1_0"
 
     def replace(self, **changes) -> "T5Config":
@@ -134,54 +143,89 @@ class T5Config:
         elif proj == "relu":
             gated = False
         else:
-            raise ValueError(f"feed_forward_proj={proj!r} is not supported; use 'relu' (T5 1.0) or "
-                             "'gated-gelu' (T5 1.1 / Flan-T5).")
+            raise ValueError(
+                f"feed_forward_proj={proj!r} is not supported; use 'relu' (T5 1.0) or 'gated-gelu' (T5 1.1 / Flan-T5)."
+            )
         # transformers >= 5 always writes tie_word_embeddings=true for T5 and records whether the decoder
         # output is scaled by 1/sqrt(d) (the T5 1.0 tied head) in scale_decoder_outputs.
         tie = bool(config.get("scale_decoder_outputs", config.get("tie_word_embeddings", True)))
         num_layers = int(config["num_layers"])
         fields = dict(
-            vocab_size=int(config["vocab_size"]), d_model=int(config["d_model"]),
-            num_heads=int(config["num_heads"]), head_dim=int(config["d_kv"]), mlp_dim=int(config["d_ff"]),
+            vocab_size=int(config["vocab_size"]),
+            d_model=int(config["d_model"]),
+            num_heads=int(config["num_heads"]),
+            head_dim=int(config["d_kv"]),
+            mlp_dim=int(config["d_ff"]),
             num_encoder_layers=num_layers,
             num_decoder_layers=int(config.get("num_decoder_layers") or num_layers),
-            gated_gelu=gated, logits_via_embedding=tie,
+            gated_gelu=gated,
+            logits_via_embedding=tie,
             relative_attention_num_buckets=int(config.get("relative_attention_num_buckets", 32)),
             relative_attention_max_distance=int(config.get("relative_attention_max_distance", 128)),
             layer_norm_epsilon=float(config.get("layer_norm_epsilon", 1e-6)),
-            pad_id=int(config.get("pad_token_id", 0) or 0), eos_id=int(config.get("eos_token_id", 1)),
-            name=str(config.get("_name_or_path", "hf")) or "hf")
+            pad_id=int(config.get("pad_token_id", 0) or 0),
+            eos_id=int(config.get("eos_token_id", 1)),
+            name=str(config.get("_name_or_path", "hf")) or "hf",
+        )
         fields.update(overrides)
         return cls(**fields)
 
     def to_hf_config(self) -> dict:
         """The Hugging Face ``config.json`` dict (transformers ``T5Config`` fields) for this config."""
         return {
-            "architectures": ["T5ForConditionalGeneration"], "model_type": "t5",
-            "vocab_size": self.vocab_size, "d_model": self.d_model, "d_kv": self.head_dim,
-            "d_ff": self.mlp_dim, "num_layers": self.num_encoder_layers,
-            "num_decoder_layers": self.num_decoder_layers, "num_heads": self.num_heads,
+            "architectures": ["T5ForConditionalGeneration"],
+            "model_type": "t5",
+            "vocab_size": self.vocab_size,
+            "d_model": self.d_model,
+            "d_kv": self.head_dim,
+            "d_ff": self.mlp_dim,
+            "num_layers": self.num_encoder_layers,
+            "num_decoder_layers": self.num_decoder_layers,
+            "num_heads": self.num_heads,
             "relative_attention_num_buckets": self.relative_attention_num_buckets,
             "relative_attention_max_distance": self.relative_attention_max_distance,
-            "dropout_rate": 0.0, "layer_norm_epsilon": self.layer_norm_epsilon,
+            "dropout_rate": 0.0,
+            "layer_norm_epsilon": self.layer_norm_epsilon,
             "initializer_factor": 1.0,
             "feed_forward_proj": "gated-gelu" if self.gated_gelu else "relu",
-            "is_gated_act": self.gated_gelu, "dense_act_fn": "gelu_new" if self.gated_gelu else "relu",
+            "is_gated_act": self.gated_gelu,
+            "dense_act_fn": "gelu_new" if self.gated_gelu else "relu",
             "tie_word_embeddings": self.logits_via_embedding,
-            "scale_decoder_outputs": self.logits_via_embedding, "is_encoder_decoder": True,
-            "pad_token_id": self.pad_id, "eos_token_id": self.eos_id,
-            "decoder_start_token_id": self.pad_id, "use_cache": True,
+            "scale_decoder_outputs": self.logits_via_embedding,
+            "is_encoder_decoder": True,
+            "pad_token_id": self.pad_id,
+            "eos_token_id": self.eos_id,
+            "decoder_start_token_id": self.pad_id,
+            "use_cache": True,
         }
 
 
 def _v11(name, d, n, layers, f):
-    return T5Config(d_model=d, num_heads=n, head_dim=64, mlp_dim=f, num_encoder_layers=layers,
-                    num_decoder_layers=layers, gated_gelu=True, logits_via_embedding=False, name=name)
+    return T5Config(
+        d_model=d,
+        num_heads=n,
+        head_dim=64,
+        mlp_dim=f,
+        num_encoder_layers=layers,
+        num_decoder_layers=layers,
+        gated_gelu=True,
+        logits_via_embedding=False,
+        name=name,
+    )
 
 
 def _v10(name, d, n, layers, f, head_dim=64):
-    return T5Config(d_model=d, num_heads=n, head_dim=head_dim, mlp_dim=f, num_encoder_layers=layers,
-                    num_decoder_layers=layers, gated_gelu=False, logits_via_embedding=True, name=name)
+    return T5Config(
+        d_model=d,
+        num_heads=n,
+        head_dim=head_dim,
+        mlp_dim=f,
+        num_encoder_layers=layers,
+        num_decoder_layers=layers,
+        gated_gelu=False,
+        logits_via_embedding=True,
+        name=name,
+    )
 
 
 PRESETS: dict[str, T5Config] = {

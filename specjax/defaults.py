@@ -18,7 +18,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["ASSETS", "DEFAULT_PAIR", "DEMO_DTYPES", "DEMO_GAMMA", "PAIRS", "default_size", "load_default_pair", "demo_sentences"]
+__all__ = [
+    "ASSETS",
+    "DEFAULT_PAIR",
+    "DEMO_DTYPES",
+    "DEMO_GAMMA",
+    "PAIRS",
+    "default_size",
+    "load_default_pair",
+    "demo_sentences",
+]
 
 ASSETS = Path(__file__).parent / "assets"
 PAIRS = {"mini": ASSETS / "default_pair", "small": ASSETS / "small_pair"}
@@ -61,8 +70,9 @@ def default_size() -> str:
     return "small"
 
 
-def load_default_pair(draft: str = "distilled", dtype: str = "float32", size: str | None = None,
-                      draft_dtype: str | None = None):
+def load_default_pair(
+    draft: str = "distilled", dtype: str = "float32", size: str | None = None, draft_dtype: str | None = None
+):
     """Loads a shipped English→German pair.
 
     Args:
@@ -99,13 +109,15 @@ def load_default_pair(draft: str = "distilled", dtype: str = "float32", size: st
         raise FileNotFoundError(
             f"The 'small' pair is not shipped in this version of specjax ({pair} is missing or incomplete: its "
             "training spans several sessions; specjax/assets/small_pair/TRAINING.md says where it stands). "
-            "Use size='mini' (--size mini).")
+            "Use size='mini' (--size mini)."
+        )
     target_dir, draft_dir = pair / "target", pair / f"draft_{draft}"
     for path in (target_dir, draft_dir, pair / "spiece.model"):
         if not path.exists():
             raise FileNotFoundError(
                 f"The {size!r} pair is missing {path}. Reinstall specjax (`pip install -e .` from a full "
-                "checkout) or pass --target/--draft checkpoints explicitly.")
+                "checkout) or pass --target/--draft checkpoints explicitly."
+            )
     target = load_checkpoint(target_dir, dtype=dtype)
     draft_model = load_checkpoint(draft_dir, dtype=dtype if draft_dtype is None else draft_dtype)
     tokenizer = Tokenizer(str(pair / "spiece.model"), extra_ids=0)

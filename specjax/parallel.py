@@ -33,7 +33,8 @@ from typing import Any, Callable, NamedTuple, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from specjax.decoding import inputs
 from specjax.decoding.model import as_decoding_model
@@ -42,9 +43,20 @@ from specjax.models import t5
 from specjax.models.adapter import T5Decoding
 
 __all__ = [
-    "STANDARD_RULES", "Rules", "make_mesh", "parse_mesh", "logical_to_mesh_spec", "param_shardings",
-    "shard_params", "replicate_params", "data_parallel_sample", "model_parallel_sample",
-    "maybe_initialize_distributed", "decode_fn_from_flags", "ParallelRunner", "num_compiled_programs",
+    "STANDARD_RULES",
+    "Rules",
+    "make_mesh",
+    "parse_mesh",
+    "logical_to_mesh_spec",
+    "param_shardings",
+    "shard_params",
+    "replicate_params",
+    "data_parallel_sample",
+    "model_parallel_sample",
+    "maybe_initialize_distributed",
+    "decode_fn_from_flags",
+    "ParallelRunner",
+    "num_compiled_programs",
 ]
 
 Rules = tuple[tuple[str, "str | None"], ...]
@@ -70,8 +82,10 @@ STANDARD_RULES: Rules = (
 """The default rules: t5x's standard logical axis rules for a ``("data", "model")`` mesh."""
 
 _MESH_RE = re.compile(r"^\s*([A-Za-z_]\w*)\s*:\s*(\d+)\s*$")
-_MESH_HELP = ("Write it as comma-separated name:size pairs over the axes 'data' and 'model', e.g. "
-              "--mesh data:2,model:4; the sizes must multiply to the device count.")
+_MESH_HELP = (
+    "Write it as comma-separated name:size pairs over the axes 'data' and 'model', e.g. "
+    "--mesh data:2,model:4; the sizes must multiply to the device count."
+)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -94,8 +108,10 @@ def parse_mesh(spec: str) -> dict[str, int]:
             raise ValueError(f"Mesh spec {spec!r}: cannot read {part.strip()!r} as name:size. {_MESH_HELP}")
         name, size = match.group(1), int(match.group(2))
         if name not in (DATA, MODEL):
-            raise ValueError(f"Mesh spec {spec!r}: unknown axis {name!r}; the axes are 'data' (splits the "
-                             f"batch) and 'model' (splits the weights). {_MESH_HELP}")
+            raise ValueError(
+                f"Mesh spec {spec!r}: unknown axis {name!r}; the axes are 'data' (splits the "
+                f"batch) and 'model' (splits the weights). {_MESH_HELP}"
+            )
         if name in sizes:
             raise ValueError(f"Mesh spec {spec!r}: axis {name!r} is given twice. {_MESH_HELP}")
         if size < 1:
@@ -128,7 +144,8 @@ def make_mesh(spec: str | None = None, devices: Sequence[jax.Device] | None = No
             f"Mesh spec {spec!r} asks for {sizes[DATA]} x {sizes[MODEL]} = {sizes[DATA] * sizes[MODEL]} "
             f"devices but {count} {kind} device(s) are visible (jax.devices()). Choose sizes that multiply to "
             f"{count}, e.g. --mesh {examples}; on CPU, forcing host devices takes "
-            "XLA_FLAGS=--xla_force_host_platform_device_count=N before JAX starts.")
+            "XLA_FLAGS=--xla_force_host_platform_device_count=N before JAX starts."
+        )
     auto = (jax.sharding.AxisType.Auto,) * 2
     return jax.make_mesh((sizes[DATA], sizes[MODEL]), (DATA, MODEL), axis_types=auto, devices=devices)
 
@@ -140,22 +157,31 @@ def make_mesh(spec: str | None = None, devices: Sequence[jax.Device] | None = No
 def _check_rules(rules: Rules, mesh: Mesh) -> dict[str, str | None]:
     table: dict[str, str | None] = {}
     for entry in rules:
-        if not (isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[0], str)
-                and (entry[1] is None or isinstance(entry[1], str))):
+        if not (
+            isinstance(entry, tuple)
+            and len(entry) == 2
+            and isinstance(entry[0], str)
+            and (entry[1] is None or isinstance(entry[1], str))
+        ):
             raise ValueError(f"Rules entry {entry!r} must be a (logical_name, mesh_axis_or_None) pair.")
         name, axis = entry
         if name in table:
-            raise ValueError(f"Rules map logical axis {name!r} twice ({table[name]!r} and {axis!r}); give each "
-                             "logical name exactly one mesh axis (or None to replicate).")
+            raise ValueError(
+                f"Rules map logical axis {name!r} twice ({table[name]!r} and {axis!r}); give each "
+                "logical name exactly one mesh axis (or None to replicate)."
+            )
         if axis is not None and axis not in mesh.axis_names:
-            raise ValueError(f"Rules map logical axis {name!r} to mesh axis {axis!r}, which the mesh lacks "
-                             f"(its axes: {mesh.axis_names}).")
+            raise ValueError(
+                f"Rules map logical axis {name!r} to mesh axis {axis!r}, which the mesh lacks "
+                f"(its axes: {mesh.axis_names})."
+            )
         table[name] = axis
     return table
 
 
-def logical_to_mesh_spec(logical: Sequence[str | None], rules: Rules, mesh: Mesh, *, what: str = "tensor",
-                         shape: Sequence[int] | None = None) -> P:
+def logical_to_mesh_spec(
+    logical: Sequence[str | None], rules: Rules, mesh: Mesh, *, what: str = "tensor", shape: Sequence[int] | None = None
+) -> P:
     """Maps one tensor's logical axis names to a mesh ``PartitionSpec`` through ``rules``.
 
     Args:
@@ -179,20 +205,24 @@ def logical_to_mesh_spec(logical: Sequence[str | None], rules: Rules, mesh: Mesh
             out.append(None)
             continue
         if name not in table:
-            raise ValueError(f"{what}: logical axis {name!r} has no rule; add ({name!r}, None) to the rules to "
-                             f"replicate it or ({name!r}, 'model') to split it.")
+            raise ValueError(
+                f"{what}: logical axis {name!r} has no rule; add ({name!r}, None) to the rules to "
+                f"replicate it or ({name!r}, 'model') to split it."
+            )
         axis = table[name]
         if axis is not None:
             if axis in used:
                 raise ValueError(
                     f"{what}: logical axes {used[axis]!r} and {name!r} both map to mesh axis {axis!r}; a mesh "
-                    f"axis can split a tensor only once. Map one of them to None in the rules.")
+                    f"axis can split a tensor only once. Map one of them to None in the rules."
+                )
             used[axis] = name
             if shape is not None and shape[dim] % mesh.shape[axis]:
                 raise ValueError(
                     f"{what}: dimension {dim} ({name!r}, size {shape[dim]}) does not divide by mesh axis "
                     f"{axis!r} of size {mesh.shape[axis]}. Use a 'model' size that divides it, or map {name!r} "
-                    "to None in the rules.")
+                    "to None in the rules."
+                )
         out.append(axis)
     return P(*out)
 
@@ -215,9 +245,12 @@ def param_shardings(config: t5.T5Config, mesh: Mesh, rules: Rules = STANDARD_RUL
     flat, treedef = jax.tree_util.tree_flatten_with_path(logical, is_leaf=is_spec)
     flat_shapes = treedef.flatten_up_to(shapes)
     shardings = [
-        NamedSharding(mesh, logical_to_mesh_spec(tuple(spec), rules, mesh, what=f"parameter {_path_name(path)}",
-                                                 shape=shape.shape))
-        for (path, spec), shape in zip(flat, flat_shapes)]
+        NamedSharding(
+            mesh,
+            logical_to_mesh_spec(tuple(spec), rules, mesh, what=f"parameter {_path_name(path)}", shape=shape.shape),
+        )
+        for (path, spec), shape in zip(flat, flat_shapes)
+    ]
     return jax.tree_util.tree_unflatten(treedef, shardings)
 
 
@@ -272,8 +305,11 @@ _PER_LAYER = ("batch", "heads", "length", "kv")  # t5's per-layer caches and cro
 def _encoded_axes(encoded: t5.Encoded) -> t5.Encoded:
     """Logical axes of ``t5.Encoded`` (``t5.ENCODED_AXES`` per layer: mask [b, s]; cross keys [b, n, h, s],
     values [b, n, s, h])."""
-    return t5.Encoded(t5.ENCODED_AXES.mask, tuple(t5.ENCODED_AXES.cross_k for _ in encoded.cross_k),
-                      tuple(t5.ENCODED_AXES.cross_v for _ in encoded.cross_v))
+    return t5.Encoded(
+        t5.ENCODED_AXES.mask,
+        tuple(t5.ENCODED_AXES.cross_k for _ in encoded.cross_k),
+        tuple(t5.ENCODED_AXES.cross_v for _ in encoded.cross_v),
+    )
 
 
 def _cache_axes(cache: t5.KVCache) -> t5.KVCache:
@@ -286,6 +322,7 @@ class _MeshT5Decoding:
     """``T5Decoding`` plus ``with_sharding_constraint`` on what the loop carries (encoder outputs and caches:
     batch over data, heads over model) and on the logits [b, k, v] (batch only: the vocabulary is gathered
     once per call before sampling)."""
+
     inner: T5Decoding
     mesh: Mesh
     rules: Rules
@@ -332,6 +369,7 @@ _JITTED: list = []  # every jitted program this module built, for num_compiled_p
 
 class _Call(NamedTuple):
     """A sampler call split for wrapping: static parts (hashable) and per-row arrays (split over "data")."""
+
     fn: Callable
     models: tuple  # DecodingModels / draft sources (static)
     params: tuple  # one parameter pytree per model (None for a draft source without parameters)
@@ -343,13 +381,16 @@ class _Call(NamedTuple):
 
 def _split_call(fn: Callable, args, kwargs) -> _Call:
     if not callable(fn):
-        raise ValueError(f"fn must be a sampler such as specjax.temperature_sample or specjax.speculative_sample, "
-                         f"got {fn!r}.")
+        raise ValueError(
+            f"fn must be a sampler such as specjax.temperature_sample or specjax.speculative_sample, got {fn!r}."
+        )
     if len(args) < 2:
-        raise ValueError(f"got {fn!r} with {len(args)} argument(s); pass a sampler such as "
-                         "specjax.temperature_sample or specjax.speculative_sample, then its models, then "
-                         "encoder_input_tokens int[b, s] (e.g. data_parallel_sample(specjax.speculative_sample, "
-                         "target, draft, tokens, gamma=3, max_decode_length=64)).")
+        raise ValueError(
+            f"got {fn!r} with {len(args)} argument(s); pass a sampler such as "
+            "specjax.temperature_sample or specjax.speculative_sample, then its models, then "
+            "encoder_input_tokens int[b, s] (e.g. data_parallel_sample(specjax.speculative_sample, "
+            "target, draft, tokens, gamma=3, max_decode_length=64))."
+        )
     check = getattr(fn, "check_arguments", None)
     if check is not None:  # every value check, eagerly, before anything compiles
         check(*args, **kwargs)
@@ -358,8 +399,10 @@ def _split_call(fn: Callable, args, kwargs) -> _Call:
     b = tokens.shape[0]
     kwargs = dict(kwargs)
     keys = np.asarray(jax.device_get(inputs.row_keys(jnp.asarray(inputs.raw_keys(kwargs.pop("rng", None), b)), b)))
-    per_row = {k: np.broadcast_to(np.asarray(kwargs.pop(k, _PER_ROW_DEFAULTS[k])).astype(_PER_ROW_DTYPES[k]), (b,))
-               for k in _PER_ROW}
+    per_row = {
+        k: np.broadcast_to(np.asarray(kwargs.pop(k, _PER_ROW_DEFAULTS[k])).astype(_PER_ROW_DTYPES[k]), (b,))
+        for k in _PER_ROW
+    }
     fns, params = [], []
     for m in models:
         if hasattr(m, "propose") and hasattr(m, "start"):  # a draft source without parameters
@@ -374,9 +417,11 @@ def _split_call(fn: Callable, args, kwargs) -> _Call:
 
 def _program(call: _Call, models: tuple):
     """The traced body: ``fn`` on one (slice of the) batch with per-row keys and sampling arrays."""
+
     def run(params, tokens, keys, per_row):
         pairs = tuple(m if p is None else (m, p) for m, p in zip(models, params))
         return call.fn(*pairs, tokens, rng=keys, **per_row, **dict(call.static))
+
     return run
 
 
@@ -390,6 +435,7 @@ def _to_host(x: jax.Array) -> np.ndarray:
     if x.is_fully_addressable:
         return np.asarray(x)
     from jax.experimental import multihost_utils
+
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
@@ -417,15 +463,15 @@ def num_compiled_programs() -> int:
 def _data_parallel_jit(fn, models, static, mesh: Mesh):
     run = _program(_Call(fn, models, (), static, None, None, {}), models)
     # One while loop per device: params replicated (P()), rows split over "data", no collective inside.
-    per_device = jax.shard_map(run, mesh=mesh, in_specs=(P(), P(DATA), P(DATA), P(DATA)), out_specs=P(DATA),
-                               check_vma=False)
+    per_device = jax.shard_map(
+        run, mesh=mesh, in_specs=(P(), P(DATA), P(DATA), P(DATA)), out_specs=P(DATA), check_vma=False
+    )
     jitted = jax.jit(per_device)
     _JITTED.append(jitted)
     return jitted
 
 
-def data_parallel_sample(fn: Callable, *args, devices: Sequence[jax.Device] | None = None,
-                         **kwargs) -> DecodeResult:
+def data_parallel_sample(fn: Callable, *args, devices: Sequence[jax.Device] | None = None, **kwargs) -> DecodeResult:
     """Runs a sampler (``temperature_sample``, ``speculative_sample``) with its batch split over devices.
 
     The sampler itself runs under ``jax.shard_map`` over a 1-D "data" mesh: each device runs its own decode
@@ -476,8 +522,9 @@ def _model_parallel_jit(fn, models, static, mesh: Mesh, all_rules: tuple):
     return jitted, tuple(param_specs)
 
 
-def model_parallel_sample(fn: Callable, *args, mesh: Mesh, rules: Rules = STANDARD_RULES,
-                          shard_draft: bool = False, **kwargs) -> DecodeResult:
+def model_parallel_sample(
+    fn: Callable, *args, mesh: Mesh, rules: Rules = STANDARD_RULES, shard_draft: bool = False, **kwargs
+) -> DecodeResult:
     """Runs a sampler as one program over a ``("data", "model")`` mesh, the target's weights split by ``rules``.
 
     The sampler runs under a sharded ``jax.jit``: the target's parameters are placed with
@@ -501,17 +548,23 @@ def model_parallel_sample(fn: Callable, *args, mesh: Mesh, rules: Rules = STANDA
         that do not divide by their mesh axis; any argument error of ``fn``.
     """
     if tuple(mesh.axis_names) != (DATA, MODEL):
-        raise ValueError(f"model_parallel_sample needs a mesh with axes ('data', 'model'), got "
-                         f"{mesh.axis_names}; build one with specjax.parallel.make_mesh('data:N,model:M').")
+        raise ValueError(
+            f"model_parallel_sample needs a mesh with axes ('data', 'model'), got "
+            f"{mesh.axis_names}; build one with specjax.parallel.make_mesh('data:N,model:M')."
+        )
     call = _split_call(fn, args, kwargs)
     _check_rules(rules, mesh)
     rules = tuple(tuple(r) for r in rules)
     all_rules = (rules,) + ((rules if shard_draft else _drop_axis(rules, DATA)),) * (len(call.models) - 1)
     jitted, specs = _model_parallel_jit(fn, call.models, call.static, mesh, all_rules)
-    params = tuple(None if p is None else
-                   jax.tree_util.tree_map(lambda x, s=s: _put(x, s), p) if isinstance(s, NamedSharding)
-                   else jax.tree_util.tree_map(_put, p, s)
-                   for p, s in zip(call.params, specs))
+    params = tuple(
+        None
+        if p is None
+        else jax.tree_util.tree_map(lambda x, s=s: _put(x, s), p)
+        if isinstance(s, NamedSharding)
+        else jax.tree_util.tree_map(_put, p, s)
+        for p, s in zip(call.params, specs)
+    )
     return _run(jitted, call, params, NamedSharding(mesh, P(DATA)), mesh.shape[DATA])
 
 
@@ -542,8 +595,10 @@ def maybe_initialize_distributed() -> bool:
         return True
     try:
         from jax._src import clusters  # JAX's detection of the environments initialize() understands
-        detected = any(not env.opt_in_only_method and env.is_env_present()
-                       for env in clusters.ClusterEnv._cluster_types)
+
+        detected = any(
+            not env.opt_in_only_method and env.is_env_present() for env in clusters.ClusterEnv._cluster_types
+        )
     except Exception:  # private API moved, or a metadata query failed: treat as one process
         detected = False
     if detected:
@@ -564,6 +619,7 @@ class ParallelRunner:
       mesh: the ``("data", "model")`` mesh in "mesh" mode, else None.
       rules: the logical-to-mesh rules ("mesh" mode).
     """
+
     mode: str = "single"
     mesh: Mesh | None = None
     rules: Rules = STANDARD_RULES
@@ -580,6 +636,7 @@ class ParallelRunner:
         backend) rather than on the first accelerator, which a target larger than one device would overflow;
         ``place`` then sends each device its slices. Elsewhere (or without a CPU backend) a no-op."""
         import contextlib
+
         if self.mode != "mesh":
             return contextlib.nullcontext()
         try:
@@ -598,8 +655,9 @@ class ParallelRunner:
         return target, (None if draft is None else replicate_params(draft, mesh))
 
 
-def decode_fn_from_flags(data_parallel: bool = False, mesh: str | None = None,
-                         rules: Rules = STANDARD_RULES) -> ParallelRunner:
+def decode_fn_from_flags(
+    data_parallel: bool = False, mesh: str | None = None, rules: Rules = STANDARD_RULES
+) -> ParallelRunner:
     """The decode runner the CLI flags ``--data-parallel`` and ``--mesh data:N,model:M`` ask for.
 
     Call it (and ``maybe_initialize_distributed()`` before it) before anything touches a device. Returns a
@@ -612,9 +670,11 @@ def decode_fn_from_flags(data_parallel: bool = False, mesh: str | None = None,
         count (raised here, before any model is loaded onto devices).
     """
     if data_parallel and mesh:
-        raise ValueError("--data-parallel and --mesh are alternatives: --data-parallel splits the batch over "
-                         "all devices with replicated weights; --mesh data:N,model:M also splits the weights "
-                         "(use --mesh data:<devices>,model:1 for pure data parallelism on a mesh).")
+        raise ValueError(
+            "--data-parallel and --mesh are alternatives: --data-parallel splits the batch over "
+            "all devices with replicated weights; --mesh data:N,model:M also splits the weights "
+            "(use --mesh data:<devices>,model:1 for pure data parallelism on a mesh)."
+        )
     if data_parallel:
         return ParallelRunner("data")
     if mesh:

@@ -29,8 +29,17 @@ import jax.numpy as jnp
 import numpy as np
 
 __all__ = [
-    "SamplingParams", "Sampler", "warp", "sample_from", "sample_rows", "acceptance_probability", "residual",
-    "accept_or_resample", "validate_sampling", "overlap", "argmax",
+    "SamplingParams",
+    "Sampler",
+    "warp",
+    "sample_from",
+    "sample_rows",
+    "acceptance_probability",
+    "residual",
+    "accept_or_resample",
+    "validate_sampling",
+    "overlap",
+    "argmax",
 ]
 
 
@@ -48,6 +57,7 @@ def validate_sampling(temperature, top_k, top_p) -> None:
       ValueError: ``temperature`` negative or not finite; ``top_k`` negative or not integral;
         ``top_p`` outside (0, 1]. The message names the setting and what to pass instead.
     """
+
     def values(name, x):
         if _is_tracer(x):
             return None
@@ -56,22 +66,26 @@ def validate_sampling(temperature, top_k, top_p) -> None:
         try:
             arr = np.asarray(x)
         except Exception:  # pragma: no cover - exotic objects
-            raise ValueError(f"{name} must be a number or an array of numbers, got {x!r}.")
+            raise ValueError(f"{name} must be a number or an array of numbers, got {x!r}.") from None
         if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number)):
             raise ValueError(f"{name} must be a number or an array of numbers, got {x!r}.")
         return arr
 
     t = values("temperature", temperature)
     if t is not None and (not np.all(np.isfinite(t)) or np.any(t < 0)):
-        raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}; use 0 for greedy "
-                         "(argmax) decoding and 1 to sample from the model's own distribution.")
+        raise ValueError(
+            f"temperature must be a finite number >= 0, got {temperature!r}; use 0 for greedy "
+            "(argmax) decoding and 1 to sample from the model's own distribution."
+        )
     k = values("top_k", top_k)
     if k is not None and (np.any(k < 0) or not np.all(np.mod(k, 1) == 0)):
         raise ValueError(f"top_k must be an int >= 0, got {top_k!r}; use 0 to keep every token.")
     p = values("top_p", top_p)
     if p is not None and (not np.all(np.isfinite(p)) or np.any(p <= 0) or np.any(p > 1)):
-        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}; use 1.0 to keep every token "
-                         "(nucleus sampling keeps the smallest set of tokens whose mass reaches top_p).")
+        raise ValueError(
+            f"top_p must be in (0, 1], got {top_p!r}; use 1.0 to keep every token "
+            "(nucleus sampling keeps the smallest set of tokens whose mass reaches top_p)."
+        )
 
 
 class SamplingParams(NamedTuple):
@@ -84,6 +98,7 @@ class SamplingParams(NamedTuple):
       top_p: float32[b] in (0, 1]; nucleus sampling (Holtzman et al. 2020) keeps the smallest set of most
         probable tokens whose mass reaches ``top_p`` (ties kept); 1 keeps all.
     """
+
     temperature: jax.Array
     top_k: jax.Array
     top_p: jax.Array
@@ -98,12 +113,14 @@ class SamplingParams(NamedTuple):
         """
         validate_sampling(temperature, top_k, top_p)
         out = []
-        for name, x, dtype in (("temperature", temperature, jnp.float32), ("top_k", top_k, jnp.int32),
-                               ("top_p", top_p, jnp.float32)):
+        for name, x, dtype in (
+            ("temperature", temperature, jnp.float32),
+            ("top_k", top_k, jnp.int32),
+            ("top_p", top_p, jnp.float32),
+        ):
             shape = np.shape(x)
             if shape not in ((), (batch,)):
-                raise ValueError(f"{name} must be a scalar or one value per row (shape ({batch},)), got shape "
-                                 f"{shape}.")
+                raise ValueError(f"{name} must be a scalar or one value per row (shape ({batch},)), got shape {shape}.")
             if _is_tracer(x):
                 out.append(jnp.broadcast_to(jnp.asarray(x).astype(dtype), (batch,)))
             else:  # concrete values (NumPy, Python, or JAX arrays): one host array, the same program signature
@@ -168,8 +185,9 @@ def warp(logits: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: jax
 
     def filtered(scaled):
         sorted_desc = -jnp.sort(-scaled, axis=-1)  # [b, ..., v]
-        kth = jnp.take_along_axis(sorted_desc, jnp.broadcast_to(_per_row(k_eff - 1, nd),
-                                                                 sorted_desc.shape[:-1] + (1,)), axis=-1)
+        kth = jnp.take_along_axis(
+            sorted_desc, jnp.broadcast_to(_per_row(k_eff - 1, nd), sorted_desc.shape[:-1] + (1,)), axis=-1
+        )
         sorted_k = jnp.where(sorted_desc >= kth, sorted_desc, -jnp.inf)
         sorted_probs = jax.nn.softmax(sorted_k, axis=-1)
         mass_before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs
@@ -247,8 +265,9 @@ def overlap(p: jax.Array, q: jax.Array) -> jax.Array:
     return jnp.clip(1.0 - 0.5 * jnp.sum(jnp.abs(p - q), axis=-1), 0.0, 1.0)
 
 
-def accept_or_resample(key: jax.Array, draft_tokens: jax.Array, p: jax.Array, q: jax.Array,
-                       greedy: bool = False) -> tuple[jax.Array, jax.Array]:
+def accept_or_resample(
+    key: jax.Array, draft_tokens: jax.Array, p: jax.Array, q: jax.Array, greedy: bool = False
+) -> tuple[jax.Array, jax.Array]:
     """Token verification of one row (Leviathan et al. 2023, Algorithm 1): accepted count and next token.
 
     A one-row view of ``specjax.decoding.verify.TokenVerifier`` (the rule the loop runs): ``x_i`` is
@@ -265,6 +284,7 @@ def accept_or_resample(key: jax.Array, draft_tokens: jax.Array, p: jax.Array, q:
       (num_accepted int32 [] in [0, g], next_token int32 []).
     """
     from specjax.decoding.verify import token_verify  # the one implementation of the rule
+
     if greedy:
         v = q.shape[-1]
         q = jax.nn.one_hot(argmax(q), v, dtype=jnp.float32)
@@ -284,6 +304,7 @@ class Sampler:
     Raises:
       ValueError: see ``validate_sampling``.
     """
+
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0

@@ -31,8 +31,15 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-__all__ = ["SeqioDecodeResult", "seqio_decode", "import_seqio", "import_task_module", "get_task",
-           "task_tokenizer", "check_vocabulary"]
+__all__ = [
+    "SeqioDecodeResult",
+    "seqio_decode",
+    "import_seqio",
+    "import_task_module",
+    "get_task",
+    "task_tokenizer",
+    "check_vocabulary",
+]
 
 INSTALL_HINT = "pip install 'specjax[seqio]' (it brings TensorFlow)"
 
@@ -74,7 +81,8 @@ def import_task_module(module: str) -> None:
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise ValueError(
             f"--seqio-module {module!r} failed to import ({type(e).__name__}: {first}); pass the module that "
-            "registers your Tasks, importable from here (check PYTHONPATH), or a .py file path.") from e
+            "registers your Tasks, importable from here (check PYTHONPATH), or a .py file path."
+        ) from e
 
 
 def get_task(task) -> Any:
@@ -93,14 +101,17 @@ def get_task(task) -> Any:
         raise ValueError(f"task must be a seqio.Task or a registered Task name, got {type(task).__name__}.")
     if task in seqio.MixtureRegistry.names():
         subtasks = [t.name for t in seqio.get_subtasks(seqio.get_mixture_or_task(task))]
-        raise ValueError(f"{task!r} is a seqio Mixture; decode each of its Tasks (each has its own metrics): "
-                         f"{', '.join(subtasks)}.")
+        raise ValueError(
+            f"{task!r} is a seqio Mixture; decode each of its Tasks (each has its own metrics): {', '.join(subtasks)}."
+        )
     names = sorted(seqio.TaskRegistry.names())
     if task not in names:
         close = difflib.get_close_matches(task, names, n=3)
         hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
-        raise ValueError(f"No seqio Task named {task!r} is registered ({len(names)} are).{hint} Pass "
-                         "--seqio-module MODULE (Python: import it first) with the module that registers it.")
+        raise ValueError(
+            f"No seqio Task named {task!r} is registered ({len(names)} are).{hint} Pass "
+            "--seqio-module MODULE (Python: import it first) with the module that registers it."
+        )
     return seqio.get_mixture_or_task(task)
 
 
@@ -115,13 +126,17 @@ def task_tokenizer(task):
 
     features = task.output_features
     if "inputs" not in features or "targets" not in features:
-        raise ValueError(f"Task {task.name!r} has features {sorted(features)}; specjax decodes encoder-decoder "
-                         "Tasks with 'inputs' and 'targets' (T5's).")
+        raise ValueError(
+            f"Task {task.name!r} has features {sorted(features)}; specjax decodes encoder-decoder "
+            "Tasks with 'inputs' and 'targets' (T5's)."
+        )
     tok = Tokenizer.from_seqio(features["inputs"].vocabulary)
     if features["targets"].vocabulary != features["inputs"].vocabulary:
         if not tok.same_vocabulary(Tokenizer.from_seqio(features["targets"].vocabulary)):
-            raise ValueError(f"Task {task.name!r} has different 'inputs' and 'targets' vocabularies; a T5 model "
-                             "pair shares one vocabulary.")
+            raise ValueError(
+                f"Task {task.name!r} has different 'inputs' and 'targets' vocabularies; a T5 model "
+                "pair shares one vocabulary."
+            )
     return tok
 
 
@@ -135,26 +150,34 @@ def check_vocabulary(task, task_tok, target, draft=None, tokenizer=None) -> None
     Raises:
       ValueError: one line naming both vocabularies and the way out.
     """
-    way_out = ("decode the Task with the models trained on its vocabulary, or register the Task with the "
-               "models' vocabulary (seqio.SentencePieceVocabulary(<their spiece.model>))")
+    way_out = (
+        "decode the Task with the models trained on its vocabulary, or register the Task with the "
+        "models' vocabulary (seqio.SentencePieceVocabulary(<their spiece.model>))"
+    )
     for name, model in (("target", target), ("draft", draft)):
         if model is None:
             continue
         rows = model.config.vocab_size
         if task_tok.vocab_size > rows:
-            raise ValueError(f"Task {task.name!r}'s vocabulary ({task_tok.path}, {task_tok.vocab_size} ids) is not "
-                             f"the models': the {name} has {rows} embedding rows; {way_out}.")
+            raise ValueError(
+                f"Task {task.name!r}'s vocabulary ({task_tok.path}, {task_tok.vocab_size} ids) is not "
+                f"the models': the {name} has {rows} embedding rows; {way_out}."
+            )
     if tokenizer is not None and not task_tok.same_vocabulary(tokenizer):
-        raise ValueError(f"Task {task.name!r}'s vocabulary ({task_tok.path}, {task_tok.vocab_size} ids) differs "
-                         f"from the models' ({tokenizer.path}, {tokenizer.vocab_size} ids); {way_out}.")
+        raise ValueError(
+            f"Task {task.name!r}'s vocabulary ({task_tok.path}, {task_tok.vocab_size} ids) differs "
+            f"from the models' ({tokenizer.path}, {tokenizer.vocab_size} ids); {way_out}."
+        )
 
 
 def check_split(task, split: str) -> None:
     """Raises ValueError (listing the Task's splits) when ``split`` is not one of them."""
     splits = list(task.splits)
     if split not in splits:
-        raise ValueError(f"Task {task.name!r} has no split {split!r}; its splits are {', '.join(map(repr, splits))}"
-                         " (pass one with --split).")
+        raise ValueError(
+            f"Task {task.name!r} has no split {split!r}; its splits are {', '.join(map(repr, splits))}"
+            " (pass one with --split)."
+        )
 
 
 @dataclasses.dataclass
@@ -175,6 +198,7 @@ class SeqioDecodeResult:
       seconds: decode wall time (speculative, or the baseline without a draft), compilation excluded.
       baseline_seconds: the baseline's wall time with ``compare_baseline``, else None.
     """
+
     task: str
     split: str
     predictions: list
@@ -189,10 +213,11 @@ class SeqioDecodeResult:
     def summary(self) -> str:
         """One line per metric, then α, tokens per target call and the speedup."""
         lines = [f"{self.task} ({self.split}, {len(self.predictions)} examples)"]
-        lines += [f"  {k}: {v:.3f}" if isinstance(v, (int, float)) else f"  {k}: {v}"
-                  for k, v in self.metrics.items()]
-        lines.append(f"  acceptance rate (alpha) {self.acceptance_rate:.3f}, tokens per target call "
-                     f"{self.tokens_per_target_call:.2f}")
+        lines += [f"  {k}: {v:.3f}" if isinstance(v, (int, float)) else f"  {k}: {v}" for k, v in self.metrics.items()]
+        lines.append(
+            f"  acceptance rate (alpha) {self.acceptance_rate:.3f}, tokens per target call "
+            f"{self.tokens_per_target_call:.2f}"
+        )
         if self.speedup is not None:
             lines.append(f"  speedup {self.speedup:.2f}x over the target alone (wall time, same inputs)")
         return "\n".join(lines)
@@ -205,10 +230,26 @@ class _Stats:
         self.seconds = self.base_seconds = 0.0
 
 
-def decode_rows(rows: Sequence[Sequence[int]], indices: Sequence[int], target, draft, *, batch_size: int,
-                seed: int, gamma: int, max_decode_length: int, eos_id: int, max_input_length: int,
-                temperature=0.0, top_k=0, top_p=1.0, compare_baseline: bool = False,
-                runner: Callable | None = None, on_batch: Callable | None = None, progress: bool = False):
+def decode_rows(
+    rows: Sequence[Sequence[int]],
+    indices: Sequence[int],
+    target,
+    draft,
+    *,
+    batch_size: int,
+    seed: int,
+    gamma: int,
+    max_decode_length: int,
+    eos_id: int,
+    max_input_length: int,
+    temperature=0.0,
+    top_k=0,
+    top_p=1.0,
+    compare_baseline: bool = False,
+    runner: Callable | None = None,
+    on_batch: Callable | None = None,
+    progress: bool = False,
+):
     """Decodes token-id rows in fixed-size batches; row ``j`` samples with ``fold_in(PRNGKey(seed),
     indices[j])`` (as ``specjax generate`` does for line ``indices[j]``).
 
@@ -229,8 +270,14 @@ def decode_rows(rows: Sequence[Sequence[int]], indices: Sequence[int], target, d
 
     run = runner or (lambda fn, *a, **kw: fn(*a, **kw))
     seed_key = jax.random.PRNGKey(seed)
-    common = dict(max_decode_length=max_decode_length, temperature=temperature, top_k=top_k, top_p=top_p,
-                  eos_id=eos_id, max_input_length=max_input_length)
+    common = dict(
+        max_decode_length=max_decode_length,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        eos_id=eos_id,
+        max_input_length=max_input_length,
+    )
     stats, out, warm = _Stats(), [], set()
 
     def timed(kind, fn, x, keys):
@@ -250,12 +297,13 @@ def decode_rows(rows: Sequence[Sequence[int]], indices: Sequence[int], target, d
     bar = None
     if progress:
         from tqdm import tqdm
+
         bar = tqdm(total=len(rows), unit="example", file=sys.stderr, desc="seqio decode")
     try:
         for start in range(0, len(rows), batch_size):
-            chunk = rows[start:start + batch_size]
+            chunk = rows[start : start + batch_size]
             x = pad_batch(chunk, batch_size, bucket_length(max(len(r) for r in chunk), max_input_length))
-            ids = np.asarray(indices[start:start + batch_size], np.int64)
+            ids = np.asarray(indices[start : start + batch_size], np.int64)
             ids = np.concatenate([ids, np.full(batch_size - len(chunk), ids[0])])
             keys = jax.vmap(lambda i: jax.random.fold_in(seed_key, i))(ids)
             if draft is not None:
@@ -291,9 +339,11 @@ def _prepare(row: Sequence[int], index: int, eos_id: int, max_input_length: int,
     row = [int(t) for t in row]
     if len(row) > max_input_length:
         if not truncate:
-            raise ValueError(f"Example {index} has {len(row)} input tokens, more than max_input_length "
-                             f"{max_input_length}; pass truncate=True (CLI: --truncate) to cut it.")
-        row = row[:max_input_length - 1] + [eos_id]
+            raise ValueError(
+                f"Example {index} has {len(row)} input tokens, more than max_input_length "
+                f"{max_input_length}; pass truncate=True (CLI: --truncate) to cut it."
+            )
+        row = row[: max_input_length - 1] + [eos_id]
     return row
 
 
@@ -302,12 +352,31 @@ def _strip_pad(x: np.ndarray, pad_id: int) -> list[int]:
     return x[: real[-1] + 1].tolist() if len(real) else []
 
 
-def seqio_decode(task, split: str, target, draft=None, *, tokenizer=None, batch_size: int = 8,
-                 max_decode_length: int = 128, gamma: int = 4, temperature=0.0, top_k=0, top_p=1.0,
-                 seed: int = 0, max_input_length: int = 512, truncate: bool = False,
-                 num_examples: int | None = None, compare_baseline: bool = True, use_cached: bool = False,
-                 runner: Callable | None = None, skip: int = 0, previous_tokens: Sequence[Sequence[int]] = (),
-                 on_batch: Callable | None = None, progress: bool = False) -> SeqioDecodeResult:
+def seqio_decode(
+    task,
+    split: str,
+    target,
+    draft=None,
+    *,
+    tokenizer=None,
+    batch_size: int = 8,
+    max_decode_length: int = 128,
+    gamma: int = 4,
+    temperature=0.0,
+    top_k=0,
+    top_p=1.0,
+    seed: int = 0,
+    max_input_length: int = 512,
+    truncate: bool = False,
+    num_examples: int | None = None,
+    compare_baseline: bool = True,
+    use_cached: bool = False,
+    runner: Callable | None = None,
+    skip: int = 0,
+    previous_tokens: Sequence[Sequence[int]] = (),
+    on_batch: Callable | None = None,
+    progress: bool = False,
+) -> SeqioDecodeResult:
     """Decodes a seqio Task's split with speculative sampling and computes the Task's metrics.
 
     Reads ``split`` of the Task through ``seqio.Evaluator`` (the Task's source and preprocessors; its
@@ -352,42 +421,69 @@ def seqio_decode(task, split: str, target, draft=None, *, tokenizer=None, batch_
     task_tok = task_tokenizer(task)
     check_vocabulary(task, task_tok, target, draft, None if tokenizer is None else as_tokenizer(tokenizer))
     if getattr(task, "score_metric_fns", None):
-        raise ValueError(f"Task {task.name!r} has score metrics (log-likelihood of its targets), which need a "
-                         "scoring function specjax does not provide; register a Task without them to decode.")
+        raise ValueError(
+            f"Task {task.name!r} has score metrics (log-likelihood of its targets), which need a "
+            "scoring function specjax does not provide; register a Task without them to decode."
+        )
     if num_examples is not None and num_examples < 1:
         raise ValueError(f"num_examples must be >= 1, got {num_examples}.")
     eos, pad = task_tok.eos_id, task_tok.pad_id
 
-    evaluator = seqio.Evaluator(task.name, feature_converter=seqio.EncDecFeatureConverter(pack=False),
-                                eval_split=split, use_cached=use_cached, num_examples=num_examples,
-                                async_compute_metrics=False)
+    evaluator = seqio.Evaluator(
+        task.name,
+        feature_converter=seqio.EncDecFeatureConverter(pack=False),
+        eval_split=split,
+        use_cached=use_cached,
+        num_examples=num_examples,
+        async_compute_metrics=False,
+    )
     has_metrics = bool(evaluator.eval_tasks)
     if has_metrics:
-        examples = [(int(i), _strip_pad(ex["encoder_input_tokens"], pad))
-                    for i, ex in tfds.as_numpy(evaluator.cached_model_datasets[task.name])]
+        examples = [
+            (int(i), _strip_pad(ex["encoder_input_tokens"], pad))
+            for i, ex in tfds.as_numpy(evaluator.cached_model_datasets[task.name])
+        ]
     else:  # no metrics: the Evaluator keeps nothing; read the same examples directly
-        ds = task.get_dataset(sequence_length=None, split=split, shuffle=False, num_epochs=1,
-                              use_cached=use_cached)
+        ds = task.get_dataset(sequence_length=None, split=split, shuffle=False, num_epochs=1, use_cached=use_cached)
         if num_examples is not None:
             ds = ds.take(num_examples)
         examples = [(i, ex["inputs"].tolist()) for i, ex in enumerate(tfds.as_numpy(ds))]
     examples.sort()
     if skip > len(examples):
-        raise ValueError(f"{skip} predictions were already written, more than the {len(examples)} examples of "
-                         f"{task.name!r} {split!r}; is the output file from another Task or split?")
+        raise ValueError(
+            f"{skip} predictions were already written, more than the {len(examples)} examples of "
+            f"{task.name!r} {split!r}; is the output file from another Task or split?"
+        )
     if len(previous_tokens) != skip:
         raise ValueError(f"previous_tokens has {len(previous_tokens)} rows for skip={skip}.")
     todo = examples[skip:]
     rows = [_prepare(r, i, eos, max_input_length, truncate) for i, r in todo]
-    for (i, r) in todo:
+    for i, r in todo:
         if not r:
             raise ValueError(f"Example {i} of {task.name!r} {split!r} has no input tokens; its 'inputs' is empty.")
-    tokens, stats = (decode_rows(rows, [i for i, _ in todo], target, draft, batch_size=batch_size, seed=seed,
-                                 gamma=gamma, max_decode_length=max_decode_length, eos_id=eos,
-                                 max_input_length=max_input_length, temperature=temperature, top_k=top_k,
-                                 top_p=top_p, compare_baseline=compare_baseline, runner=runner,
-                                 on_batch=on_batch, progress=progress)
-                     if rows else ([], _Stats()))
+    tokens, stats = (
+        decode_rows(
+            rows,
+            [i for i, _ in todo],
+            target,
+            draft,
+            batch_size=batch_size,
+            seed=seed,
+            gamma=gamma,
+            max_decode_length=max_decode_length,
+            eos_id=eos,
+            max_input_length=max_input_length,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            compare_baseline=compare_baseline,
+            runner=runner,
+            on_batch=on_batch,
+            progress=progress,
+        )
+        if rows
+        else ([], _Stats())
+    )
     all_tokens = [list(map(int, t)) for t in previous_tokens] + tokens
 
     metrics = {}
@@ -397,7 +493,7 @@ def seqio_decode(task, split: str, target, draft=None, *, tokenizer=None, batch_
         width = max([len(t) for t in all_tokens] + [1])
         padded = np.full((len(all_tokens), width), pad, np.int32)
         for j, t in enumerate(all_tokens):
-            padded[j, :len(t)] = t
+            padded[j, : len(t)] = t
 
         def predict_fn(ds):
             return [(i, padded[i]) for i, _ in tfds.as_numpy(ds)]
@@ -412,10 +508,17 @@ def seqio_decode(task, split: str, target, draft=None, *, tokenizer=None, batch_
     if draft is not None and compare_baseline and stats.seconds:
         speedup = stats.base_seconds / stats.seconds
     return SeqioDecodeResult(
-        task=task.name, split=split, predictions=[task_tok.decode(t, out_of_range="unk") for t in all_tokens],
-        tokens=all_tokens, metrics=metrics, acceptance_rate=alpha, tokens_per_target_call=per_call,
-        speedup=speedup, seconds=stats.seconds,
-        baseline_seconds=stats.base_seconds if (draft is not None and compare_baseline) else None)
+        task=task.name,
+        split=split,
+        predictions=[task_tok.decode(t, out_of_range="unk") for t in all_tokens],
+        tokens=all_tokens,
+        metrics=metrics,
+        acceptance_rate=alpha,
+        tokens_per_target_call=per_call,
+        speedup=speedup,
+        seconds=stats.seconds,
+        baseline_seconds=stats.base_seconds if (draft is not None and compare_baseline) else None,
+    )
 
 
 def _plain(v):

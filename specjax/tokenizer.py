@@ -40,18 +40,24 @@ class Tokenizer:
         if os.path.isdir(path):
             path = os.path.join(path, "spiece.model")
         if not os.path.isfile(path):
-            raise FileNotFoundError(f"No SentencePiece model at {path!r}; T5's is 'spiece.model' (e.g. from "
-                                    "gs://t5-data/vocabs/cc_all.32000/sentencepiece.model or a Hugging Face repo).")
+            raise FileNotFoundError(
+                f"No SentencePiece model at {path!r}; T5's is 'spiece.model' (e.g. from "
+                "gs://t5-data/vocabs/cc_all.32000/sentencepiece.model or a Hugging Face repo)."
+            )
         if extra_ids < 0:
             raise ValueError(f"extra_ids must be >= 0, got {extra_ids}.")
         with open(path, "rb") as f:
             data = f.read()
         try:
             from sentencepiece import sentencepiece_model_pb2
+
             model = sentencepiece_model_pb2.ModelProto.FromString(data)
             for i in reversed(range(extra_ids)):
-                model.pieces.add(piece=f"▁<extra_id_{i}>", score=0.0,
-                                 type=sentencepiece_model_pb2.ModelProto.SentencePiece.USER_DEFINED)
+                model.pieces.add(
+                    piece=f"▁<extra_id_{i}>",
+                    score=0.0,
+                    type=sentencepiece_model_pb2.ModelProto.SentencePiece.USER_DEFINED,
+                )
             serialized = model.SerializeToString()
         except Exception as e:
             raise ValueError(f"{path!r} is not a SentencePiece model ({type(e).__name__}: {e}).") from e
@@ -93,16 +99,21 @@ class Tokenizer:
             return vocabulary
         missing = [a for a in ("sp_model", "sentencepiece_model_file", "extra_ids") if not hasattr(vocabulary, a)]
         if missing:
-            raise ValueError(f"{type(vocabulary).__name__} is not a seqio.SentencePieceVocabulary (no "
-                             f"{', '.join(missing)}); specjax decodes T5 SentencePiece vocabularies only.")
+            raise ValueError(
+                f"{type(vocabulary).__name__} is not a seqio.SentencePieceVocabulary (no "
+                f"{', '.join(missing)}); specjax decodes T5 SentencePiece vocabularies only."
+            )
         try:
             serialized = vocabulary.sp_model
         except Exception as e:
-            raise ValueError(f"Cannot read the SentencePiece model of {vocabulary!r} "
-                             f"({vocabulary.sentencepiece_model_file!r}): {type(e).__name__}: {e}") from e
+            raise ValueError(
+                f"Cannot read the SentencePiece model of {vocabulary!r} "
+                f"({vocabulary.sentencepiece_model_file!r}): {type(e).__name__}: {e}"
+            ) from e
         if not serialized:
-            raise ValueError(f"{vocabulary!r} has no SentencePiece model; specjax decodes T5 SentencePiece "
-                             "vocabularies only.")
+            raise ValueError(
+                f"{vocabulary!r} has no SentencePiece model; specjax decodes T5 SentencePiece vocabularies only."
+            )
         tok = cls.__new__(cls)
         tok._load(serialized, str(vocabulary.sentencepiece_model_file), int(vocabulary.extra_ids))
         return tok
@@ -113,7 +124,11 @@ class Tokenizer:
         if not isinstance(other, Tokenizer):
             other = as_tokenizer(other)
         if (self.vocab_size, self.pad_id, self.eos_id, self.unk_id) != (
-                other.vocab_size, other.pad_id, other.eos_id, other.unk_id):
+            other.vocab_size,
+            other.pad_id,
+            other.eos_id,
+            other.unk_id,
+        ):
             return False
         return all(self._sp.IdToPiece(i) == other._sp.IdToPiece(i) for i in range(self.vocab_size))
 
@@ -134,7 +149,8 @@ class Tokenizer:
             raise ValueError(
                 f"Token ids outside the vocabulary [0, {self.vocab_size}){where}: {bad[:5]}. The model's "
                 f"embedding may have more rows than the tokenizer (pass out_of_range='unk' to decode them as "
-                f"unk, as seqio does), or the ids come from a model with another vocabulary.")
+                f"unk, as seqio does), or the ids come from a model with another vocabulary."
+            )
         return out
 
     def decode(self, ids: Iterable[int], out_of_range: str = "raise") -> str:
@@ -180,8 +196,10 @@ class Tokenizer:
             if len(ids) > length:
                 if not truncate:
                     snippet = texts[row][:60] + ("…" if len(texts[row]) > 60 else "")
-                    raise ValueError(f"Line {row} ({snippet!r}) encodes to {len(ids)} tokens (with EOS), more than "
-                                     f"length={length}. Pass truncate=True or a larger length.")
+                    raise ValueError(
+                        f"Line {row} ({snippet!r}) encodes to {len(ids)} tokens (with EOS), more than "
+                        f"length={length}. Pass truncate=True or a larger length."
+                    )
                 ids = ids[: length - 1] + [self.eos_id]
             out[row, : len(ids)] = ids
         return out
@@ -214,5 +232,7 @@ def as_tokenizer(tokenizer) -> Tokenizer:
         return Tokenizer(tokenizer)
     if hasattr(tokenizer, "sp_model") or type(tokenizer).__module__.startswith("seqio"):
         return Tokenizer.from_seqio(tokenizer)
-    raise ValueError(f"Expected a specjax.Tokenizer, a seqio.SentencePieceVocabulary or a SentencePiece model "
-                     f"path, got {type(tokenizer).__name__}.")
+    raise ValueError(
+        f"Expected a specjax.Tokenizer, a seqio.SentencePieceVocabulary or a SentencePiece model "
+        f"path, got {type(tokenizer).__name__}."
+    )

@@ -42,8 +42,17 @@ from specjax.models import t5
 from specjax.models.t5 import T5Model
 
 __all__ = [
-    "TrainConfig", "train_sentencepiece", "read_parallel", "tokenize_pairs", "batches", "train",
-    "shift_right", "cross_entropy_loss", "distill_loss", "teacher_outputs", "teacher_log_probs",
+    "TrainConfig",
+    "train_sentencepiece",
+    "read_parallel",
+    "tokenize_pairs",
+    "batches",
+    "train",
+    "shift_right",
+    "cross_entropy_loss",
+    "distill_loss",
+    "teacher_outputs",
+    "teacher_log_probs",
 ]
 
 BUCKETS = (16, 24, 32, 48, 64)  # padded lengths (tokens); a pair goes to the first bucket >= both sides
@@ -105,6 +114,7 @@ class TrainConfig:
         objective up to float16 rounding of the log-probabilities, at the cost of one forward pass over the
         data and 2 bytes × vocab of disk per target token (16 KB with an 8k vocabulary; Multi30k: ~7 GB).
     """
+
     objective: str = "reference"
     num_steps: int = 3000
     tokens_per_batch: int = 4096
@@ -132,8 +142,9 @@ class TrainConfig:
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"label_smoothing (--label-smoothing) must be in [0, 1), got {self.label_smoothing}.")
         if self.dropout_style not in t5.DROPOUT_STYLES:
-            raise ValueError(f"dropout_style (--dropout-style) must be one of {t5.DROPOUT_STYLES}, got "
-                             f"{self.dropout_style!r}.")
+            raise ValueError(
+                f"dropout_style (--dropout-style) must be one of {t5.DROPOUT_STYLES}, got {self.dropout_style!r}."
+            )
         if self.optimizer not in ("adamw", "adafactor"):
             raise ValueError(f"optimizer (--optimizer) must be 'adamw' or 'adafactor', got {self.optimizer!r}.")
         if self.weight_decay < 0.0:
@@ -141,25 +152,34 @@ class TrainConfig:
         if self.objective not in ("reference", "distill"):
             raise ValueError(f"objective must be 'reference' or 'distill', got {self.objective!r}.")
         if self.label_smoothing and self.objective != "reference":
-            raise ValueError("label_smoothing (--label-smoothing) applies to the 'reference' objective only: "
-                             "DistillSpec's target is the teacher's own distribution; drop it for --objective "
-                             "distill.")
+            raise ValueError(
+                "label_smoothing (--label-smoothing) applies to the 'reference' objective only: "
+                "DistillSpec's target is the teacher's own distribution; drop it for --objective "
+                "distill."
+            )
         if not self.embedding_lr_multiplier > 0.0:
-            raise ValueError(f"embedding_lr_multiplier (--embedding-lr-multiplier) must be > 0, got "
-                             f"{self.embedding_lr_multiplier}.")
+            raise ValueError(
+                f"embedding_lr_multiplier (--embedding-lr-multiplier) must be > 0, got {self.embedding_lr_multiplier}."
+            )
         if self.num_steps < 1:
             raise ValueError(f"num_steps (--steps) must be >= 1, got {self.num_steps}.")
         if self.tokens_per_batch < BUCKETS[-1]:
-            raise ValueError(f"tokens_per_batch (--tokens-per-batch) must be >= the largest length bucket "
-                             f"({BUCKETS[-1]} tokens), got {self.tokens_per_batch}.")
+            raise ValueError(
+                f"tokens_per_batch (--tokens-per-batch) must be >= the largest length bucket "
+                f"({BUCKETS[-1]} tokens), got {self.tokens_per_batch}."
+            )
 
 
 # ----------------------------------------------------------------------------------------------------------
 # Data
 
 
-def train_sentencepiece(texts: Sequence[str | os.PathLike], model_prefix: str | os.PathLike,
-                        vocab_size: int = 8000, seed_sentences: int = 200000) -> Path:
+def train_sentencepiece(
+    texts: Sequence[str | os.PathLike],
+    model_prefix: str | os.PathLike,
+    vocab_size: int = 8000,
+    seed_sentences: int = 200000,
+) -> Path:
     """Trains a unigram SentencePiece model with T5's special ids (pad 0, eos 1, unk 2, no bos).
 
     Args:
@@ -173,10 +193,20 @@ def train_sentencepiece(texts: Sequence[str | os.PathLike], model_prefix: str | 
     import sentencepiece as spm
 
     spm.SentencePieceTrainer.train(
-        input=",".join(os.fspath(t) for t in texts), model_prefix=os.fspath(model_prefix),
-        vocab_size=vocab_size, model_type="unigram", character_coverage=1.0,
-        pad_id=0, eos_id=1, unk_id=2, bos_id=-1, input_sentence_size=seed_sentences,
-        shuffle_input_sentence=True, num_threads=2, minloglevel=2)
+        input=",".join(os.fspath(t) for t in texts),
+        model_prefix=os.fspath(model_prefix),
+        vocab_size=vocab_size,
+        model_type="unigram",
+        character_coverage=1.0,
+        pad_id=0,
+        eos_id=1,
+        unk_id=2,
+        bos_id=-1,
+        input_sentence_size=seed_sentences,
+        shuffle_input_sentence=True,
+        num_threads=2,
+        minloglevel=2,
+    )
     return Path(f"{os.fspath(model_prefix)}.model")
 
 
@@ -201,12 +231,13 @@ def tokenize_pairs(tokenizer, sources: Sequence[str], targets: Sequence[str | Se
     Returns (src, tgt): lists of int32 arrays.
     """
     from specjax.tokenizer import as_tokenizer
+
     tokenizer = as_tokenizer(tokenizer)  # also a seqio.SentencePieceVocabulary or a model path
     cap = BUCKETS[-1]
 
     def clip(ids):
         ids = list(ids)
-        return np.asarray(ids[:cap - 1] + [1] if len(ids) > cap else ids, np.int32)
+        return np.asarray(ids[: cap - 1] + [1] if len(ids) > cap else ids, np.int32)
 
     src = [clip(tokenizer.encode(s)) for s in sources]
     tgt = [clip(t) if not isinstance(t, str) else clip(tokenizer.encode(t)) for t in targets]
@@ -225,8 +256,9 @@ def _by_bucket(src: Sequence[np.ndarray], tgt: Sequence[np.ndarray]) -> dict[int
     return by_bucket
 
 
-def batches(src: Sequence[np.ndarray], tgt: Sequence[np.ndarray], tokens_per_batch: int, seed: int,
-            epoch: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+def batches(
+    src: Sequence[np.ndarray], tgt: Sequence[np.ndarray], tokens_per_batch: int, seed: int, epoch: int
+) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """One epoch of padded batches, deterministic in (seed, epoch).
 
     Pairs are grouped by bucket (``BUCKETS``, the first length >= both sides), shuffled within the bucket,
@@ -242,12 +274,12 @@ def batches(src: Sequence[np.ndarray], tgt: Sequence[np.ndarray], tokens_per_bat
         rng.shuffle(idx)
         rows = tokens_per_batch // length
         for start in range(0, len(idx) - rows + 1, rows):  # drop the ragged tail: fixed shapes
-            sel = idx[start:start + rows]
+            sel = idx[start : start + rows]
             enc = np.zeros((rows, length), np.int32)
             dec = np.zeros((rows, length), np.int32)
             for r, i in enumerate(sel):
-                enc[r, :len(src[i])] = src[i]
-                dec[r, :len(tgt[i])] = tgt[i]
+                enc[r, : len(src[i])] = src[i]
+                dec[r, : len(tgt[i])] = tgt[i]
             out.append((enc, dec, sel))
     order = rng.permutation(len(out))
     return [out[i] for i in order]
@@ -262,8 +294,9 @@ def shift_right(decoder_target_tokens: jax.Array, pad_id: int = 0) -> jax.Array:
     return jnp.pad(decoder_target_tokens, ((0, 0), (1, 0)), constant_values=pad_id)[:, :-1]
 
 
-def cross_entropy_loss(logits_btv: jax.Array, targets_bt: jax.Array,
-                       label_smoothing: float = 0.0) -> tuple[jax.Array, jax.Array]:
+def cross_entropy_loss(
+    logits_btv: jax.Array, targets_bt: jax.Array, label_smoothing: float = 0.0
+) -> tuple[jax.Array, jax.Array]:
     """Mean token cross-entropy (nats) over positions with ``targets > 0``; returns (loss, token count).
 
     Args:
@@ -298,16 +331,23 @@ def distill_loss(student_btv: jax.Array, teacher_btv: jax.Array, targets_bt: jax
 
 
 def _optimizer(tc: TrainConfig) -> optax.GradientTransformation:
-    schedule = optax.warmup_cosine_decay_schedule(0.0, tc.learning_rate, tc.warmup_steps,
-                                                  max(tc.num_steps, tc.warmup_steps + 1),
-                                                  end_value=tc.learning_rate * 0.1)
+    schedule = optax.warmup_cosine_decay_schedule(
+        0.0, tc.learning_rate, tc.warmup_steps, max(tc.num_steps, tc.warmup_steps + 1), end_value=tc.learning_rate * 0.1
+    )
     if tc.optimizer == "adafactor":  # t5x's defaults; no global-norm clip (Adafactor clips each update's RMS)
         decay = (lambda count: schedule(count) * tc.weight_decay) if tc.weight_decay else None
-        chain = [optax.adafactor(schedule, decay_rate=0.8, clipping_threshold=1.0, momentum=None,
-                                 multiply_by_parameter_scale=True, weight_decay_rate=decay)]
+        chain = [
+            optax.adafactor(
+                schedule,
+                decay_rate=0.8,
+                clipping_threshold=1.0,
+                momentum=None,
+                multiply_by_parameter_scale=True,
+                weight_decay_rate=decay,
+            )
+        ]
     else:
-        chain = [optax.clip_by_global_norm(1.0),
-                 optax.adamw(schedule, b1=0.9, b2=0.98, weight_decay=tc.weight_decay)]
+        chain = [optax.clip_by_global_norm(1.0), optax.adamw(schedule, b1=0.9, b2=0.98, weight_decay=tc.weight_decay)]
     if tc.embedding_lr_multiplier != 1.0:  # appended only then: runs without it keep their optimizer state's layout
         chain.append(_scale_embedding_updates(tc.embedding_lr_multiplier))
     return optax.chain(*chain)
@@ -322,6 +362,7 @@ def _scale_embedding_updates(multiplier: float) -> optax.GradientTransformation:
     After ``optax.adamw`` this is a parameter group with ``multiplier`` times the learning rate (PyTorch's
     param-group semantics: the decoupled weight decay scales with it). Stateless.
     """
+
     def update(updates, state, params=None):
         del params
         if EMBEDDING[0] not in updates or EMBEDDING[1] not in updates[EMBEDDING[0]]:
@@ -334,9 +375,18 @@ def _scale_embedding_updates(multiplier: float) -> optax.GradientTransformation:
     return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
-def _make_step(config: T5Config, opt, objective: str, alpha: float, teacher_config: T5Config | None,
-               dropout_rate: float = 0.0, seed: int = 0, compute_dtype: str | None = None,
-               label_smoothing: float = 0.0, dropout_style: str = "sublayers"):
+def _make_step(
+    config: T5Config,
+    opt,
+    objective: str,
+    alpha: float,
+    teacher_config: T5Config | None,
+    dropout_rate: float = 0.0,
+    seed: int = 0,
+    compute_dtype: str | None = None,
+    label_smoothing: float = 0.0,
+    dropout_style: str = "sublayers",
+):
     """The jitted training step ``(params, opt_state, enc, dec, teacher, step, update_scale)``.
 
     ``teacher`` (with objective "distill"): the teacher's parameters when ``teacher_config`` is given, else
@@ -351,9 +401,16 @@ def _make_step(config: T5Config, opt, objective: str, alpha: float, teacher_conf
         config = config.replace(dtype=compute_dtype)
 
     def loss_fn(params, enc, dec, teacher_params, step):
-        rng = (jax.random.fold_in(jax.random.key(seed, impl="rbg"), step) if dropout_rate > 0 else None)
-        logits = t5.logits(config, params, enc, shift_right(dec), dropout_rate=dropout_rate, dropout_rng=rng,
-                           dropout_style=dropout_style)
+        rng = jax.random.fold_in(jax.random.key(seed, impl="rbg"), step) if dropout_rate > 0 else None
+        logits = t5.logits(
+            config,
+            params,
+            enc,
+            shift_right(dec),
+            dropout_rate=dropout_rate,
+            dropout_rng=rng,
+            dropout_style=dropout_style,
+        )
         ce, count = cross_entropy_loss(logits, dec)
         if objective == "distill":
             if teacher_config is None:  # cached log-probabilities (log_softmax renormalises their rounding)
@@ -370,7 +427,8 @@ def _make_step(config: T5Config, opt, objective: str, alpha: float, teacher_conf
     @functools.partial(jax.jit, compiler_options=train_step_compiler_options())
     def step(params, opt_state, enc, dec, teacher_params, step, update_scale=np.float32(1.0)):
         (loss, (ce, kl, count)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-            params, enc, dec, teacher_params, step)
+            params, enc, dec, teacher_params, step
+        )
         updates, opt_state = opt.update(grads, opt_state, params)
         updates = jax.tree_util.tree_map(lambda u: (u * update_scale).astype(u.dtype), updates)
         params = optax.apply_updates(params, updates)
@@ -410,9 +468,19 @@ def _save_state(path: Path, params, opt_state, step: int):
     os.replace(tmp, path)
 
 
-def train(config: T5Config, tc: TrainConfig, src: Sequence[np.ndarray], tgt: Sequence[np.ndarray],
-          run_dir: str | os.PathLike, *, teacher: T5Model | None = None, init: T5Model | None = None,
-          start_step: int = 0, stop: threading.Event | None = None, progress: bool = True) -> T5Model:
+def train(
+    config: T5Config,
+    tc: TrainConfig,
+    src: Sequence[np.ndarray],
+    tgt: Sequence[np.ndarray],
+    run_dir: str | os.PathLike,
+    *,
+    teacher: T5Model | None = None,
+    init: T5Model | None = None,
+    start_step: int = 0,
+    stop: threading.Event | None = None,
+    progress: bool = True,
+) -> T5Model:
     """Trains (or resumes training of) a T5 on tokenized pairs.
 
     Args:
@@ -454,20 +522,26 @@ def train(config: T5Config, tc: TrainConfig, src: Sequence[np.ndarray], tgt: Seq
             raise ValueError(f"{run} holds a run of a different model config; use another run directory.")
         was = saved.get("train", {}).get("optimizer", "adamw")  # runs before the flag trained with AdamW
         if was != tc.optimizer and (run / "state.msgpack").exists():
-            raise ValueError(f"{run} holds a run trained with --optimizer {was}; its saved optimizer state cannot "
-                             f"resume with {tc.optimizer}. Resume with --optimizer {was}, or use another run "
-                             "directory.")
+            raise ValueError(
+                f"{run} holds a run trained with --optimizer {was}; its saved optimizer state cannot "
+                f"resume with {tc.optimizer}. Resume with --optimizer {was}, or use another run "
+                "directory."
+            )
     meta_path.write_text(json.dumps(meta, indent=1))
 
     opt = _optimizer(tc)
     if init is not None:
         if init.config.replace(name=config.name, dtype=config.dtype, param_dtype=config.param_dtype) != config:
             ours = init.config.replace(name=config.name, dtype=config.dtype, param_dtype=config.param_dtype)
-            diff = ", ".join(f"{f.name}: {getattr(ours, f.name)!r} in the checkpoint vs {getattr(config, f.name)!r} "
-                             "being trained" for f in dataclasses.fields(config)
-                             if getattr(ours, f.name) != getattr(config, f.name))
-            raise ValueError(f"--init-from checkpoint differs from the model being trained ({diff}); train the "
-                             "checkpoint's size (--model-config with its config.json) or start without --init-from.")
+            diff = ", ".join(
+                f"{f.name}: {getattr(ours, f.name)!r} in the checkpoint vs {getattr(config, f.name)!r} being trained"
+                for f in dataclasses.fields(config)
+                if getattr(ours, f.name) != getattr(config, f.name)
+            )
+            raise ValueError(
+                f"--init-from checkpoint differs from the model being trained ({diff}); train the "
+                "checkpoint's size (--model-config with its config.json) or start without --init-from."
+            )
         params = jax.tree_util.tree_map(lambda x: jnp.asarray(x, config.weight_dtype), init.params)
     else:
         params = t5.init_params(config, tc.seed)
@@ -475,14 +549,17 @@ def train(config: T5Config, tc: TrainConfig, src: Sequence[np.ndarray], tgt: Seq
     step, rewarm_from = 0, None
     state_path = run / "state.msgpack"
     if state_path.exists():
-        restored = serialization.from_bytes({"params": params, "opt_state": opt_state, "step": 0},
-                                            state_path.read_bytes())
+        restored = serialization.from_bytes(
+            {"params": params, "opt_state": opt_state, "step": 0}, state_path.read_bytes()
+        )
         params, opt_state, step = restored["params"], restored["opt_state"], int(restored["step"])
         rewarm_from = _saved_rewarm_start(run, step)
     elif start_step:
         if init is None:
-            raise ValueError("start_step (--start-step) continues a run from its parameters: give them as "
-                             "init (--init-from CHECKPOINT).")
+            raise ValueError(
+                "start_step (--start-step) continues a run from its parameters: give them as "
+                "init (--init-from CHECKPOINT)."
+            )
         if not 0 < start_step < tc.num_steps:
             raise ValueError(f"start_step must be in (0, num_steps={tc.num_steps}), got {start_step}.")
         step, rewarm_from = start_step, start_step
@@ -490,16 +567,28 @@ def train(config: T5Config, tc: TrainConfig, src: Sequence[np.ndarray], tgt: Seq
         (run / "rewarm.json").write_text(json.dumps({"rewarm_from": start_step}))
     cached = None
     if tc.objective == "distill" and tc.cache_teacher:
-        cached = teacher_log_probs(teacher, src, tgt, run / "teacher_logprobs.f16",
-                                   tokens_per_batch=tc.tokens_per_batch, progress=progress)
+        cached = teacher_log_probs(
+            teacher, src, tgt, run / "teacher_logprobs.f16", tokens_per_batch=tc.tokens_per_batch, progress=progress
+        )
     teacher_params = teacher.params if teacher is not None and cached is None else None
-    train_step = _make_step(config, opt, tc.objective, tc.distill_alpha,
-                            teacher.config if teacher is not None and cached is None else None, tc.dropout_rate,
-                            tc.seed, tc.compute_dtype, tc.label_smoothing, tc.dropout_style)
+    train_step = _make_step(
+        config,
+        opt,
+        tc.objective,
+        tc.distill_alpha,
+        teacher.config if teacher is not None and cached is None else None,
+        tc.dropout_rate,
+        tc.seed,
+        tc.compute_dtype,
+        tc.label_smoothing,
+        tc.dropout_style,
+    )
 
     if not batches(src, tgt, tc.tokens_per_batch, tc.seed, 0):
-        raise ValueError(f"{len(src)} pairs do not fill one batch of {tc.tokens_per_batch} tokens in any length "
-                         "bucket; lower --tokens-per-batch or give more data.")
+        raise ValueError(
+            f"{len(src)} pairs do not fill one batch of {tc.tokens_per_batch} tokens in any length "
+            "bucket; lower --tokens-per-batch or give more data."
+        )
 
     def stream() -> Iterator:
         epoch, seen = 0, 0
@@ -512,8 +601,14 @@ def train(config: T5Config, tc: TrainConfig, src: Sequence[np.ndarray], tgt: Seq
 
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=tc.num_steps, initial=step, disable=not progress, desc=f"train {tc.objective}",
-               unit="step", dynamic_ncols=True)
+    bar = tqdm(
+        total=tc.num_steps,
+        initial=step,
+        disable=not progress,
+        desc=f"train {tc.objective}",
+        unit="step",
+        dynamic_ncols=True,
+    )
     log = open(run / "log.jsonl", "a")
     t0, tokens, acc = time.perf_counter(), 0.0, []
     data = stream()
@@ -523,8 +618,9 @@ def train(config: T5Config, tc: TrainConfig, src: Sequence[np.ndarray], tgt: Seq
             if cached is not None:
                 teacher_params = _gather_log_probs(*cached, sel, dec.shape)
             scale = 1.0 if rewarm_from is None else min(1.0, (step - rewarm_from + 1) / REWARM_STEPS)
-            params, opt_state, m = train_step(params, opt_state, enc, dec, teacher_params, np.int32(step),
-                                              np.float32(scale))
+            params, opt_state, m = train_step(
+                params, opt_state, enc, dec, teacher_params, np.int32(step), np.float32(scale)
+            )
             step += 1
             if stop is not None and stop.is_set():
                 raise KeyboardInterrupt("stop requested")  # saved below, like Ctrl-C
@@ -536,9 +632,15 @@ def train(config: T5Config, tc: TrainConfig, src: Sequence[np.ndarray], tgt: Seq
                 tokens = sum(float(x["tokens"]) for x in ms)
                 dt = time.perf_counter() - t0
                 t0 = time.perf_counter()
-                rec = {"step": step, "epoch": epoch, "loss": float(np.mean([x["loss"] for x in ms])),
-                       "ce": float(np.mean([x["ce"] for x in ms])), "kl": float(np.mean([x["kl"] for x in ms])),
-                       "target_tokens_per_s": tokens / dt, "s_per_step": dt / len(ms)}
+                rec = {
+                    "step": step,
+                    "epoch": epoch,
+                    "loss": float(np.mean([x["loss"] for x in ms])),
+                    "ce": float(np.mean([x["ce"] for x in ms])),
+                    "kl": float(np.mean([x["kl"] for x in ms])),
+                    "target_tokens_per_s": tokens / dt,
+                    "s_per_step": dt / len(ms),
+                }
                 log.write(json.dumps(rec) + "\n")
                 log.flush()
                 bar.set_postfix(loss=f"{rec['loss']:.3f}", tok_s=f"{rec['target_tokens_per_s']:.0f}")
@@ -558,9 +660,15 @@ def train(config: T5Config, tc: TrainConfig, src: Sequence[np.ndarray], tgt: Seq
     return T5Model(config, params)
 
 
-def teacher_log_probs(teacher: T5Model, src: Sequence[np.ndarray], tgt: Sequence[np.ndarray],
-                      path: str | os.PathLike, *, tokens_per_batch: int = 2048,
-                      progress: bool = True) -> tuple[np.ndarray, np.ndarray]:
+def teacher_log_probs(
+    teacher: T5Model,
+    src: Sequence[np.ndarray],
+    tgt: Sequence[np.ndarray],
+    path: str | os.PathLike,
+    *,
+    tokens_per_batch: int = 2048,
+    progress: bool = True,
+) -> tuple[np.ndarray, np.ndarray]:
     """The teacher's next-token log-probabilities at every target position of every pair, computed once.
 
     DistillSpec's forward KL (Zhou et al. 2023, section 3) needs the teacher's distribution at each position
@@ -590,12 +698,15 @@ def teacher_log_probs(teacher: T5Model, src: Sequence[np.ndarray], tgt: Sequence
 
     @jax.jit
     def forward(params, enc, dec):
-        return jax.nn.log_softmax(t5.logits(config, params, enc, shift_right(dec)).astype(jnp.float32),
-                                  axis=-1).astype(jnp.float16)
+        return jax.nn.log_softmax(t5.logits(config, params, enc, shift_right(dec)).astype(jnp.float32), axis=-1).astype(
+            jnp.float16
+        )
 
-    chunks = [(length, idx[k:k + tokens_per_batch // length])
-              for length, idx in sorted(_by_bucket(src, tgt).items())
-              for k in range(0, len(idx), tokens_per_batch // length)]
+    chunks = [
+        (length, idx[k : k + tokens_per_batch // length])
+        for length, idx in sorted(_by_bucket(src, tgt).items())
+        for k in range(0, len(idx), tokens_per_batch // length)
+    ]
     tmp = path.with_name(path.name + ".tmp")
     out = np.memmap(tmp, np.float16, "w+", shape=shape)
     for length, sel in tqdm(chunks, desc="teacher log-probabilities", unit="batch", disable=not progress):
@@ -603,10 +714,10 @@ def teacher_log_probs(teacher: T5Model, src: Sequence[np.ndarray], tgt: Sequence
         enc = np.zeros((rows, length), np.int32)
         dec = np.zeros((rows, length), np.int32)
         for r, i in enumerate(sel):
-            enc[r, :len(src[i])], dec[r, :len(tgt[i])] = src[i], tgt[i]
+            enc[r, : len(src[i])], dec[r, : len(tgt[i])] = src[i], tgt[i]
         logp = np.asarray(forward(teacher.params, enc, dec))
         for r, i in enumerate(sel):
-            out[offsets[i]:offsets[i + 1]] = logp[r, :len(tgt[i])]
+            out[offsets[i] : offsets[i + 1]] = logp[r, : len(tgt[i])]
     out.flush()
     del out
     os.replace(tmp, path)
@@ -618,13 +729,20 @@ def _gather_log_probs(log_probs: np.ndarray, offsets: np.ndarray, sel: np.ndarra
     """One batch's cached teacher log-probabilities, float16[b, L, vocab], zero past each target."""
     out = np.zeros((*shape, log_probs.shape[1]), np.float16)
     for r, i in enumerate(sel):
-        out[r, :offsets[i + 1] - offsets[i]] = log_probs[offsets[i]:offsets[i + 1]]
+        out[r, : offsets[i + 1] - offsets[i]] = log_probs[offsets[i] : offsets[i + 1]]
     return out
 
 
-def teacher_outputs(teacher: T5Model, src: Sequence[np.ndarray], *, batch_size: int = 128,
-                    max_decode_length: int = BUCKETS[-1], progress: bool = True, temperature: float = 0.0,
-                    seed: int = 0) -> list[np.ndarray]:
+def teacher_outputs(
+    teacher: T5Model,
+    src: Sequence[np.ndarray],
+    *,
+    batch_size: int = 128,
+    max_decode_length: int = BUCKETS[-1],
+    progress: bool = True,
+    temperature: float = 0.0,
+    seed: int = 0,
+) -> list[np.ndarray]:
     """The teacher's outputs (token ids, EOS included) for every source row: DistillSpec's "target-generated"
     training data (Zhou et al. 2023, section 3; sequence-level KD, Kim & Rush 2016).
 
@@ -645,17 +763,18 @@ def teacher_outputs(teacher: T5Model, src: Sequence[np.ndarray], *, batch_size: 
     out: list[np.ndarray | None] = [None] * len(src)
     desc = "teacher outputs" if temperature == 0.0 else f"teacher samples (temperature {temperature:g})"
     for start in tqdm(range(0, len(order), batch_size), desc=desc, unit="batch", disable=not progress):
-        idx = order[start:start + batch_size]
+        idx = order[start : start + batch_size]
         length = _bucket(max(len(src[i]) for i in idx))
         x = np.zeros((batch_size, length), np.int32)
         for r, i in enumerate(idx):
-            x[r, :len(src[i])] = src[i]
-        x[len(idx):] = x[0]  # fixed batch shape; extra rows dropped
+            x[r, : len(src[i])] = src[i]
+        x[len(idx) :] = x[0]  # fixed batch shape; extra rows dropped
         rng = jax.random.fold_in(jax.random.PRNGKey(seed), start // batch_size)
-        res = jax.device_get(temperature_sample(teacher, x, rng=rng, max_decode_length=max_decode_length,
-                                                temperature=temperature))
+        res = jax.device_get(
+            temperature_sample(teacher, x, rng=rng, max_decode_length=max_decode_length, temperature=temperature)
+        )
         for r, i in enumerate(idx):
-            out[i] = np.asarray(res.sequences[r, :res.lengths[r]], np.int32)
+            out[i] = np.asarray(res.sequences[r, : res.lengths[r]], np.int32)
     return out
 
 

@@ -25,15 +25,25 @@ COLLECTIVES = r"\b(all-reduce|all-gather|collective-permute|all-to-all|reduce-sc
 
 
 def _same(a, b) -> bool:
-    return all(np.array_equal(getattr(a, f), getattr(b, f)) for f in
-               ("sequences", "lengths", "num_target_calls", "num_draft_tokens", "num_accepted", "num_verified",
-                "accepted_per_position"))
+    return all(
+        np.array_equal(getattr(a, f), getattr(b, f))
+        for f in (
+            "sequences",
+            "lengths",
+            "num_target_calls",
+            "num_draft_tokens",
+            "num_accepted",
+            "num_verified",
+            "accepted_per_position",
+        )
+    )
 
 
 def main() -> dict:
     out: dict = {"device_count": jax.device_count()}
-    cfg = T5Config(vocab_size=64, d_model=32, num_heads=4, head_dim=8, mlp_dim=64, num_encoder_layers=2,
-                   num_decoder_layers=2)
+    cfg = T5Config(
+        vocab_size=64, d_model=32, num_heads=4, head_dim=8, mlp_dim=64, num_encoder_layers=2, num_decoder_layers=2
+    )
     target = T5Model.random(cfg, 0)
     draft = T5Model.random(cfg.replace(num_decoder_layers=1), 1)
     rs = np.random.RandomState(0)
@@ -45,18 +55,35 @@ def main() -> dict:
     # eos_id 58 ends some rows after 1, 2 or 5 tokens under greedy (others run to T = 10): rows finish at
     # different times on different devices.
     cases = {
-        "greedy": (temperature_sample, (target,), dict(rng=jax.random.PRNGKey(3), max_decode_length=10,
-                                                       temperature=0.0, eos_id=58)),
-        "sampled": (temperature_sample, (target,), dict(rng=jax.random.PRNGKey(4), max_decode_length=10,
-                                                        temperature=1.0, eos_id=58)),
-        "speculative_sampled": (speculative_sample, (target, draft),
-                                dict(rng=jax.random.PRNGKey(5), gamma=3, max_decode_length=10,
-                                     temperature=1.0, eos_id=58)),
+        "greedy": (
+            temperature_sample,
+            (target,),
+            dict(rng=jax.random.PRNGKey(3), max_decode_length=10, temperature=0.0, eos_id=58),
+        ),
+        "sampled": (
+            temperature_sample,
+            (target,),
+            dict(rng=jax.random.PRNGKey(4), max_decode_length=10, temperature=1.0, eos_id=58),
+        ),
+        "speculative_sampled": (
+            speculative_sample,
+            (target, draft),
+            dict(rng=jax.random.PRNGKey(5), gamma=3, max_decode_length=10, temperature=1.0, eos_id=58),
+        ),
         # Per-row sampling arrays: greedy, sampled and top-k / top-p rows in one batch, split over devices.
-        "speculative_mixed": (speculative_sample, (target, draft),
-                              dict(rng=jax.random.PRNGKey(6), gamma=3, max_decode_length=10, eos_id=58,
-                                   temperature=np.tile([0.0, 1.0, 0.7], 5)[:13], top_k=np.tile([0, 0, 5], 5)[:13],
-                                   top_p=np.tile([1.0, 0.9, 1.0], 5)[:13])),
+        "speculative_mixed": (
+            speculative_sample,
+            (target, draft),
+            dict(
+                rng=jax.random.PRNGKey(6),
+                gamma=3,
+                max_decode_length=10,
+                eos_id=58,
+                temperature=np.tile([0.0, 1.0, 0.7], 5)[:13],
+                top_k=np.tile([0, 0, 5], 5)[:13],
+                top_p=np.tile([1.0, 0.9, 1.0], 5)[:13],
+            ),
+        ),
     }
     for name, (fn, models, kwargs) in cases.items():
         ref = fn(*models, tokens, **kwargs)
@@ -64,8 +91,10 @@ def main() -> dict:
         mp = parallel.model_parallel_sample(fn, *models, tokens, mesh=mesh, **kwargs)
         out[name] = {
             "rows": [int(dp.sequences.shape[0]), int(mp.sequences.shape[0])],
-            "data_parallel_equal": _same(ref, dp), "mesh_equal": _same(ref, mp),
-            "lengths": ref.lengths.tolist(), "distinct_rows": len({tuple(r) for r in ref.sequences.tolist()}),
+            "data_parallel_equal": _same(ref, dp),
+            "mesh_equal": _same(ref, mp),
+            "lengths": ref.lengths.tolist(),
+            "distinct_rows": len({tuple(r) for r in ref.sequences.tolist()}),
         }
 
     # jax.pmap over the core itself (one slice of the batch per device) gives the one-device tokens.
@@ -88,8 +117,9 @@ def main() -> dict:
     # Per-device loops: the data-parallel program has no cross-device collective at all; the mesh program
     # does (its sharded matmuls and its global stop test).
     call = parallel._split_call(fn, (*models, tokens), kwargs)
-    prog_dp = parallel._data_parallel_jit(fn, call.models, call.static,
-                                          jax.sharding.Mesh(np.asarray(jax.devices()), ("data",)))
+    prog_dp = parallel._data_parallel_jit(
+        fn, call.models, call.static, jax.sharding.Mesh(np.asarray(jax.devices()), ("data",))
+    )
     padded = np.concatenate([tokens, np.repeat(tokens[-1:], 3, 0)])
     keys = np.zeros((16, 2), np.uint32)
     per_row = {k: np.resize(v, 16) for k, v in call.per_row.items()}
@@ -103,17 +133,23 @@ def main() -> dict:
     device_bytes = {str(d.id): 0 for d in jax.devices()}
     for path, x in flat:
         name = "/".join(str(k.key) for k in path)
-        shards[name] = {"global": list(x.shape), "spec": [a for a in x.sharding.spec],
-                        "shard_shapes": sorted({tuple(s.data.shape) for s in x.addressable_shards}),
-                        "devices": len({s.device.id for s in x.addressable_shards})}
+        shards[name] = {
+            "global": list(x.shape),
+            "spec": [a for a in x.sharding.spec],
+            "shard_shapes": sorted({tuple(s.data.shape) for s in x.addressable_shards}),
+            "devices": len({s.device.id for s in x.addressable_shards}),
+        }
         for s in x.addressable_shards:
             device_bytes[str(s.device.id)] += s.data.nbytes
     out["shards"] = {k: {**v, "shard_shapes": [list(s) for s in v["shard_shapes"]]} for k, v in shards.items()}
     out["param_bytes_total"] = int(sum(x.nbytes for _, x in flat))
     out["param_bytes_per_device"] = device_bytes
     replicated = parallel.replicate_params(draft, mesh)
-    out["draft_replicated"] = all(tuple(s.data.shape) == x.shape for x in jax.tree_util.tree_leaves(
-        replicated.params) for s in x.addressable_shards)
+    out["draft_replicated"] = all(
+        tuple(s.data.shape) == x.shape
+        for x in jax.tree_util.tree_leaves(replicated.params)
+        for s in x.addressable_shards
+    )
     return out
 
 

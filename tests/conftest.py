@@ -37,8 +37,10 @@ DATA = (Path(__file__).parents[1] / ".." / "shared" / "data").resolve()
 def data_dir() -> Path:
     """``../shared/data`` (resolved). Fails the test with instructions when it is missing."""
     if not DATA.is_dir():
-        pytest.fail(f"Test data directory {DATA} is missing. It holds the t5x fixtures and T5's spiece.model "
-                    "(see shared/data/SOURCES.md); check it out beside the repository as ../shared/data.")
+        pytest.fail(
+            f"Test data directory {DATA} is missing. It holds the t5x fixtures and T5's spiece.model "
+            "(see shared/data/SOURCES.md); check it out beside the repository as ../shared/data."
+        )
     return DATA
 
 

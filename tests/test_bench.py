@@ -46,19 +46,31 @@ def test_expected_improvement_hand_computed():
         assert bench.alpha_from_tokens_per_call(tau, gamma) == pytest.approx(alpha, abs=1e-7)
     assert bench.alpha_from_tokens_per_call(1.0, 3) == 0.0 and bench.alpha_from_tokens_per_call(4.0, 3) == 1.0
     # c = 0: the walltime improvement is the tokens per call.
-    assert bench.expected_improvement(0.75, 7, 0.0) == pytest.approx((1 - 0.75 ** 8) / 0.25)
+    assert bench.expected_improvement(0.75, 7, 0.0) == pytest.approx((1 - 0.75**8) / 0.25)
 
 
 def _tiny_pair(vocab: int, noise: float = 0.05):
-    cfg = T5Config(vocab_size=vocab, d_model=32, num_heads=2, head_dim=16, mlp_dim=64, num_encoder_layers=1,
-                   num_decoder_layers=2, relative_attention_num_buckets=8, relative_attention_max_distance=16,
-                   name="tiny")
+    cfg = T5Config(
+        vocab_size=vocab,
+        d_model=32,
+        num_heads=2,
+        head_dim=16,
+        mlp_dim=64,
+        num_encoder_layers=1,
+        num_decoder_layers=2,
+        relative_attention_num_buckets=8,
+        relative_attention_max_distance=16,
+        name="tiny",
+    )
     target = T5Model.random(cfg, seed=0)
     rng = np.random.default_rng(1)
     # The draft: the target's weights plus noise, so α is strictly between 0 and 1.
     draft_params = jax.tree_util.tree_map(
-        lambda x: np.asarray(x) + noise * float(np.std(np.asarray(x))) * rng.standard_normal(x.shape).astype(np.float32),
-        target.params)
+        lambda x: (
+            np.asarray(x) + noise * float(np.std(np.asarray(x))) * rng.standard_normal(x.shape).astype(np.float32)
+        ),
+        target.params,
+    )
     return target, T5Model(cfg, draft_params)
 
 
@@ -71,14 +83,53 @@ def bench_run(tmp_path_factory, spiece_model):
     (tmp / "in.en").write_text("A man rides a bike.\nTwo dogs play in the snow.\nA child eats an apple.\n")
     (tmp / "in.de").write_text("Ein Mann fährt Fahrrad.\nZwei Hunde spielen im Schnee.\nEin Kind isst einen Apfel.\n")
     out = tmp / "out"
-    argv = ["bench", "--target", str(tmp / "target"), "--draft", str(tmp / "draft"), "--tokenizer",
-            str(spiece_model), "--input", str(tmp / "in.en"), "--references", str(tmp / "in.de"), "--gammas", "1", "2",
-            "--temperatures", "0", "1", "--max-decode-length", "6", "--cost-steps", "4", "--out", str(out)]
+    argv = [
+        "bench",
+        "--target",
+        str(tmp / "target"),
+        "--draft",
+        str(tmp / "draft"),
+        "--tokenizer",
+        str(spiece_model),
+        "--input",
+        str(tmp / "in.en"),
+        "--references",
+        str(tmp / "in.de"),
+        "--gammas",
+        "1",
+        "2",
+        "--temperatures",
+        "0",
+        "1",
+        "--max-decode-length",
+        "6",
+        "--cost-steps",
+        "4",
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
     # --profile on the same shapes (compiled programs are reused in-process).
     prof = tmp / "prof"
-    assert main(argv[:-4] + ["--temperatures", "0", "--gammas", "1", "--no-plots", "--no-quality", "--profile",
-                             "--cost-steps", "4", "--out", str(prof)]) == 0
+    assert (
+        main(
+            argv[:-4]
+            + [
+                "--temperatures",
+                "0",
+                "--gammas",
+                "1",
+                "--no-plots",
+                "--no-quality",
+                "--profile",
+                "--cost-steps",
+                "4",
+                "--out",
+                str(prof),
+            ]
+        )
+        == 0
+    )
     return out, prof
 
 
@@ -87,8 +138,18 @@ def test_bench_markdown_table(bench_run):
     lines = [l for l in (out / "table.md").read_text().splitlines() if l.startswith("|")]
     header = [c.strip() for c in lines[0].strip("|").split("|")]
     assert header[:6] == ["task", "draft", "temp", "γ", "α", "speedup"]  # the paper's Table 2 layout
-    for col in ("expected (theory)", "measured/expected", "c", "tokens/call", "paper α", "quality (spec)",
-                "accepted fraction", "mean accepted length", "accepted per position", "α source"):
+    for col in (
+        "expected (theory)",
+        "measured/expected",
+        "c",
+        "tokens/call",
+        "paper α",
+        "quality (spec)",
+        "accepted fraction",
+        "mean accepted length",
+        "accepted per position",
+        "α source",
+    ):
         assert col in header
     body = [[c.strip() for c in l.strip("|").split("|")] for l in lines[2:]]
     assert len(body) == 4  # 2 temperatures x 2 γ
@@ -109,9 +170,23 @@ def test_bench_csv_and_json(bench_run):
     assert len(rows) == 4
     assert set(bench.CSV_COLUMNS) <= set(rows[0])
     for r in rows:
-        for key in ("alpha", "accepted_fraction", "mean_accepted_length", "alpha_from_tokens", "speedup", "c", "expected_improvement", "speedup_over_expected", "tokens_per_call",
-                    "expected_tokens_per_call", "spec_tokens_per_s", "base_tokens_per_s", "spec_compile_seconds",
-                    "draft_step_ms", "target_window_ms"):
+        for key in (
+            "alpha",
+            "accepted_fraction",
+            "mean_accepted_length",
+            "alpha_from_tokens",
+            "speedup",
+            "c",
+            "expected_improvement",
+            "speedup_over_expected",
+            "tokens_per_call",
+            "expected_tokens_per_call",
+            "spec_tokens_per_s",
+            "base_tokens_per_s",
+            "spec_compile_seconds",
+            "draft_step_ms",
+            "target_window_ms",
+        ):
             assert math.isfinite(float(r[key])), key
         assert 1.0 <= float(r["tokens_per_call"]) <= int(r["gamma"]) + 1
         assert 0.0 <= float(r["mean_accepted_length"]) <= int(r["gamma"])  # accepted drafts per iteration
@@ -133,8 +208,12 @@ def test_goals_script_reads_results(bench_run):
     import sys
 
     out, _ = bench_run
-    run = subprocess.run([sys.executable, str(REPO / "benchmarks" / "goals.py"), str(out / "results.json")],
-                         capture_output=True, text=True, check=True)
+    run = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "goals.py"), str(out / "results.json")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert "speculative / temperature_sample (T=0, batch 1, best γ)" in run.stdout
     assert "(T=1, batch 1, best γ)" in run.stdout
 
@@ -149,8 +228,17 @@ def test_bench_pngs(bench_run):
 def test_bench_profile(bench_run):
     _, prof = bench_run
     text = (prof / "profile.md").read_text()
-    for piece in ("**speculative**", "**baseline**", "thunks per iteration", "fixed per-call cost", "GB/s memory",
-                  "GFLOP/s matmul", "| verify |", "| draft |", "| accept |"):
+    for piece in (
+        "**speculative**",
+        "**baseline**",
+        "thunks per iteration",
+        "fixed per-call cost",
+        "GB/s memory",
+        "GFLOP/s matmul",
+        "| verify |",
+        "| draft |",
+        "| accept |",
+    ):
         assert piece in text, piece
     data = json.loads((prof / "profile.json").read_text())
     (p,) = data["profiles"]
@@ -246,8 +334,15 @@ def test_experiment_files_parse():
 
 def test_experiment_file_errors(tmp_path):
     bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps({"models": {"a": "x"}, "tasks": {"t": {"input": "i"}},
-                               "rows": [{"task": "t", "target": "a", "draft": "nope", "temperature": 0, "gamma": 1}]}))
+    bad.write_text(
+        json.dumps(
+            {
+                "models": {"a": "x"},
+                "tasks": {"t": {"input": "i"}},
+                "rows": [{"task": "t", "target": "a", "draft": "nope", "temperature": 0, "gamma": 1}],
+            }
+        )
+    )
     with pytest.raises(ValueError, match="draft 'nope'"):
         bench.load_experiment(str(bad))
 
@@ -275,14 +370,25 @@ def test_ctranslate2_greedy_equals_specjax(tmp_path):
 
     target, draft = _tiny_pair(96, noise=0.1)
     rows = [[5, 9, 23, 17, 1], [12, 80, 33, 2, 90, 4, 5, 1], [7, 7, 40, 1]]
-    r = peers.compare_with_ctranslate2(target, draft, rows, gammas=(2,), max_decode_length=8, batch_sizes=(1, 2),
-                                       compute_types=("float32", "int8"), threads=(1,), workdir=str(tmp_path))
+    r = peers.compare_with_ctranslate2(
+        target,
+        draft,
+        rows,
+        gammas=(2,),
+        max_decode_length=8,
+        batch_sizes=(1, 2),
+        compute_types=("float32", "int8"),
+        threads=(1,),
+        workdir=str(tmp_path),
+    )
     by = {(x["batch_size"], x["method"]): x for x in r["records"]}
     for bs in (1, 2):
         # Same weights, float32, greedy: CTranslate2's tokens equal specjax's, line for line.
         assert by[(bs, "ctranslate2 float32 1 thread")]["identical"] == len(rows)
         assert by[(bs, "specjax speculative γ=2")]["identical"] == len(rows)
-        assert by[(bs, "ctranslate2 float32 1 thread")]["tokens"] == by[(bs, "specjax temperature_sample")]["tokens"] > 0
+        assert (
+            by[(bs, "ctranslate2 float32 1 thread")]["tokens"] == by[(bs, "specjax temperature_sample")]["tokens"] > 0
+        )
         assert 0 <= by[(bs, "ctranslate2 int8 1 thread")]["identical"] <= len(rows)
         assert all(math.isfinite(x["tokens_per_s"]) and x["tokens_per_s"] > 0 for x in r["records"])
         assert r["best"][bs]["method"] == "specjax speculative γ=2"
@@ -299,8 +405,26 @@ def _bench_variants(tmp, *flags):
     """Runs `specjax bench` on the shipped pair with ``flags``; returns (out dir, results.json records)."""
     (tmp / "in.en").write_text(_VARIANT_INPUTS)
     out = tmp / "out"
-    argv = ["bench", "--size", "mini", "--input", str(tmp / "in.en"), "--gammas", "2", "--temperatures", "0",
-            "--max-decode-length", "6", "--cost-steps", "2", "--no-plots", "--no-quality", "--out", str(out), *flags]
+    argv = [
+        "bench",
+        "--size",
+        "mini",
+        "--input",
+        str(tmp / "in.en"),
+        "--gammas",
+        "2",
+        "--temperatures",
+        "0",
+        "--max-decode-length",
+        "6",
+        "--cost-steps",
+        "2",
+        "--no-plots",
+        "--no-quality",
+        "--out",
+        str(out),
+        *flags,
+    ]
     assert main(argv) == 0
     return out, json.loads((out / "results.json").read_text())["records"]
 
@@ -313,8 +437,9 @@ def _md_table(out):
 
 @pytest.fixture(scope="module")
 def variants_run(tmp_path_factory):
-    return _bench_variants(tmp_path_factory.mktemp("variants"), "--verification", "token", "block",
-                           "--draft-confidence-threshold", "0.5")
+    return _bench_variants(
+        tmp_path_factory.mktemp("variants"), "--verification", "token", "block", "--draft-confidence-threshold", "0.5"
+    )
 
 
 def test_bench_verification_and_confidence_sweep(variants_run):
@@ -341,8 +466,12 @@ def test_bench_verification_and_confidence_sweep(variants_run):
 def test_bench_prompt_lookup(tmp_path):
     out, records = _bench_variants(tmp_path, "--draft", "prompt-lookup", "--max-ngram", "2")
     (r,) = records
-    assert (r["draft"], r["verification"], r["confidence_threshold"], r["max_ngram"]) == ("prompt-lookup", "token",
-                                                                                           None, 2)
+    assert (r["draft"], r["verification"], r["confidence_threshold"], r["max_ngram"]) == (
+        "prompt-lookup",
+        "token",
+        None,
+        2,
+    )
     assert r["spec_tokens_per_s"] > 0 and r["base_tokens_per_s"] > 0 and math.isfinite(r["speedup"])
     assert r["c"] == 0.0 and r["draft_step_ms"] is None  # no draft model
     assert r["greedy_identical"] is True  # prompt lookup at T = 0 equals temperature_sample, token for token
@@ -352,15 +481,22 @@ def test_bench_prompt_lookup(tmp_path):
     with open(out / "table.csv", newline="") as f:
         (row,) = list(csv.DictReader(f))
     assert (row["draft"], row["verification"], row["max_ngram"], row["greedy_identical"]) == (
-        "prompt-lookup", "token", "2", "True")
+        "prompt-lookup",
+        "token",
+        "2",
+        "True",
+    )
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--draft", "prompt-lookup", "--draft-confidence-threshold", "0.5"], "needs a draft model"),
-    (["--draft-confidence-threshold", "1.5"], "must be in [0, 1]"),
-    (["--draft", "prompt-lookup", "--profile"], "--profile needs a draft model"),
-    (["--draft", "prompt-lookup", "--max-ngram", "0"], "--max-ngram must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--draft", "prompt-lookup", "--draft-confidence-threshold", "0.5"], "needs a draft model"),
+        (["--draft-confidence-threshold", "1.5"], "must be in [0, 1]"),
+        (["--draft", "prompt-lookup", "--profile"], "--profile needs a draft model"),
+        (["--draft", "prompt-lookup", "--max-ngram", "0"], "--max-ngram must be >= 1"),
+    ],
+)
 def test_bench_bad_variant_flags(tmp_path, capsys, flags, message):
     out = tmp_path / "out"
     assert main(["bench", "--out", str(out), *flags]) == 2
@@ -372,8 +508,9 @@ def test_bench_bad_variant_flags(tmp_path, capsys, flags, message):
 def test_bench_variant_flags_parse():
     from specjax.cli import build_parser
 
-    args = build_parser().parse_args(["bench", "--verification", "token", "block", "--draft-confidence-threshold",
-                                      "none", "0.3", "off"])
+    args = build_parser().parse_args(
+        ["bench", "--verification", "token", "block", "--draft-confidence-threshold", "none", "0.3", "off"]
+    )
     assert args.verification == ["token", "block"] and args.draft_confidence_threshold == [None, 0.3, None]
     args = build_parser().parse_args(["bench"])  # defaults: each row's (token, off)
     assert args.verification is None and args.draft_confidence_threshold is None and args.max_ngram is None
@@ -383,29 +520,53 @@ def test_bench_variant_flags_parse():
 
 
 def test_bench_variant_columns_only_for_variants():
-    base = {"task": "t", "draft": "d", "temperature": 0.0, "gamma": 2, "alpha": 0.5, "speedup": 1.0,
-            "jax": "x", "backend": "cpu", "device_count": 1, "device_kind": "cpu"}
+    base = {
+        "task": "t",
+        "draft": "d",
+        "temperature": 0.0,
+        "gamma": 2,
+        "alpha": 0.5,
+        "speedup": 1.0,
+        "jax": "x",
+        "backend": "cpu",
+        "device_count": 1,
+        "device_kind": "cpu",
+    }
     assert "verification" not in bench.format_markdown([dict(base, verification="token", confidence_threshold=None)])
     assert "| verification | confidence threshold |" in bench.format_markdown(
-        [dict(base, verification="block", confidence_threshold=None)])
+        [dict(base, verification="block", confidence_threshold=None)]
+    )
     assert {"verification", "confidence_threshold", "max_ngram"} <= set(bench.CSV_COLUMNS)
 
 
 def test_experiment_file_variants(tmp_path):
-    spec = {"models": {"t": "default:target", "d": "default:distilled"}, "tasks": {"x": {"input": "in.en"}},
-            "rows": [{"task": "x", "target": "t", "draft": "d", "temperature": 0, "gamma": [2, 3],
-                      "verification": ["token", "block"], "draft_confidence_threshold": [None, 0.4]},
-                     {"task": "x", "target": "t", "draft": "prompt-lookup", "temperature": 0, "gamma": 3,
-                      "max_ngram": 2}]}
+    spec = {
+        "models": {"t": "default:target", "d": "default:distilled"},
+        "tasks": {"x": {"input": "in.en"}},
+        "rows": [
+            {
+                "task": "x",
+                "target": "t",
+                "draft": "d",
+                "temperature": 0,
+                "gamma": [2, 3],
+                "verification": ["token", "block"],
+                "draft_confidence_threshold": [None, 0.4],
+            },
+            {"task": "x", "target": "t", "draft": "prompt-lookup", "temperature": 0, "gamma": 3, "max_ngram": 2},
+        ],
+    }
     path = tmp_path / "e.json"
     path.write_text(json.dumps(spec))
     _, (model_row, lookup_row) = bench.load_experiment(str(path))
     assert (model_row.verifications, model_row.confidence_thresholds) == (("token", "block"), (None, 0.4))
     assert (lookup_row.draft, lookup_row.draft_path, lookup_row.max_ngram) == ("prompt-lookup", "prompt-lookup", 2)
     assert (lookup_row.verifications, lookup_row.confidence_thresholds) == (("token",), (None,))
-    for change, message in (({"draft_confidence_threshold": 0.5}, "needs a draft model"),
-                            ({"verification": "tree"}, "verification must be one of"),
-                            ({"max_ngram": 0}, "max_ngram must be an int >= 1")):
+    for change, message in (
+        ({"draft_confidence_threshold": 0.5}, "needs a draft model"),
+        ({"verification": "tree"}, "verification must be one of"),
+        ({"max_ngram": 0}, "max_ngram must be an int >= 1"),
+    ):
         spec["rows"][1].update(change)
         path.write_text(json.dumps(spec))
         with pytest.raises(ValueError, match=message):

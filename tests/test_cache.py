@@ -20,10 +20,21 @@ from specjax.models import t5
 
 ATOL = 1e-5
 T = 11  # decoder length
-TINY = dict(vocab_size=50, d_model=16, num_heads=2, head_dim=8, mlp_dim=32, num_encoder_layers=2,
-            num_decoder_layers=2, relative_attention_num_buckets=8, relative_attention_max_distance=16)
-FAMILIES = {"t5_1_0": dict(gated_gelu=False, logits_via_embedding=True),
-            "t5_1_1": dict(gated_gelu=True, logits_via_embedding=False)}
+TINY = dict(
+    vocab_size=50,
+    d_model=16,
+    num_heads=2,
+    head_dim=8,
+    mlp_dim=32,
+    num_encoder_layers=2,
+    num_decoder_layers=2,
+    relative_attention_num_buckets=8,
+    relative_attention_max_distance=16,
+)
+FAMILIES = {
+    "t5_1_0": dict(gated_gelu=False, logits_via_embedding=True),
+    "t5_1_1": dict(gated_gelu=True, logits_via_embedding=False),
+}
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -62,13 +73,13 @@ def run_schedule(cfg, model, encoded, dec, k, advance, cache=None, positions=Non
         for i in range(b):
             n = min(k, T - pos[i])
             if n > 0:
-                window[i, :n] = dec[i, pos[i]:pos[i] + n]
+                window[i, :n] = dec[i, pos[i] : pos[i] + n]
         logits, cache = _decode(cfg, model.params, encoded, window, cache, pos)
         logits = np.asarray(logits)
         for i in range(b):
             n = min(advance[i], T - pos[i])
             if n > 0:
-                out[i, pos[i]:pos[i] + n] = logits[i, :n]
+                out[i, pos[i] : pos[i] + n] = logits[i, :n]
         pos = np.minimum(pos + np.asarray(advance, np.int32), T)
     return out, cache
 
@@ -115,8 +126,11 @@ def _np_bucket(rel, num_buckets, max_distance):
     n = np.maximum(-rel, 0)
     max_exact = num_buckets // 2
     with np.errstate(divide="ignore"):
-        large = max_exact + (np.log(n / max_exact + np.finfo(np.float32).eps) / np.log(max_distance / max_exact)
-                             * (num_buckets - max_exact)).astype(np.int64)
+        large = max_exact + (
+            np.log(n / max_exact + np.finfo(np.float32).eps)
+            / np.log(max_distance / max_exact)
+            * (num_buckets - max_exact)
+        ).astype(np.int64)
     return np.where(n < max_exact, n, np.minimum(large, num_buckets - 1))
 
 
@@ -141,23 +155,29 @@ def _np_decoder(cfg, params, hidden_bsd, enc_mask_bs, dec_bt):
 
     b, t = dec_bt.shape
     pos = np.arange(t)
-    bucket = _np_bucket(pos[None, :] - pos[:, None], cfg.relative_attention_num_buckets,
-                        cfg.relative_attention_max_distance)  # [q, m]
+    bucket = _np_bucket(
+        pos[None, :] - pos[:, None], cfg.relative_attention_num_buckets, cfg.relative_attention_max_distance
+    )  # [q, m]
     self_bias = dp["relpos_bias"]["rel_embedding"][:, bucket] + np.where(pos[None, :] <= pos[:, None], 0, -1e10)
     cross_bias = np.where(enc_mask_bs[:, None, None, :], 0.0, -1e10)
     x = p["token_embedder"]["embedding"][dec_bt]
     mem = np.asarray(hidden_bsd, np.float64)
     for i in range(cfg.num_decoder_layers):
         lp = dp[f"layers_{i}"]
-        x = x + attn(lp["self_attention"], norm(x, lp["pre_self_attention_layer_norm"]["scale"]),
-                     norm(x, lp["pre_self_attention_layer_norm"]["scale"]), self_bias[None])
-        x = x + attn(lp["encoder_decoder_attention"], norm(x, lp["pre_cross_attention_layer_norm"]["scale"]),
-                     mem, cross_bias)
+        x = x + attn(
+            lp["self_attention"],
+            norm(x, lp["pre_self_attention_layer_norm"]["scale"]),
+            norm(x, lp["pre_self_attention_layer_norm"]["scale"]),
+            self_bias[None],
+        )
+        x = x + attn(
+            lp["encoder_decoder_attention"], norm(x, lp["pre_cross_attention_layer_norm"]["scale"]), mem, cross_bias
+        )
         y = norm(x, lp["pre_mlp_layer_norm"]["scale"])
         m = lp["mlp"]
         if cfg.gated_gelu:
             a = y @ m["wi_0"]["kernel"]
-            gelu = 0.5 * a * (1 + np.tanh(np.sqrt(2 / np.pi) * (a + 0.044715 * a ** 3)))
+            gelu = 0.5 * a * (1 + np.tanh(np.sqrt(2 / np.pi) * (a + 0.044715 * a**3)))
             y = (gelu * (y @ m["wi_1"]["kernel"])) @ m["wo"]["kernel"]
         else:
             y = np.maximum(y @ m["wi"]["kernel"], 0) @ m["wo"]["kernel"]
@@ -222,8 +242,10 @@ def test_run_time_encoder_width_equals_whole_width(setup, longest):
     assert run_time_widths(ENCODE_WIDTHS, 512) == [64, 128, 256, 512]
     width = min(w for w in run_time_widths(ENCODE_WIDTHS, s) if w >= longest)
     # Keys [b, n, h, s] are compared as [b, n, s, h], like the values.
-    for a, c in zip([np.swapaxes(x, 2, 3) for x in whole.cross_k] + list(whole.cross_v),
-                    [np.swapaxes(x, 2, 3) for x in ran.cross_k] + list(ran.cross_v)):
+    for a, c in zip(
+        [np.swapaxes(x, 2, 3) for x in whole.cross_k] + list(whole.cross_v),
+        [np.swapaxes(x, 2, 3) for x in ran.cross_k] + list(ran.cross_v),
+    ):
         assert a.shape == c.shape == (3, cfg.num_heads, s, cfg.head_dim)
         real = (enc != 0)[:, None, :, None]
         np.testing.assert_allclose(np.where(real, c, 0), np.where(real, a, 0), rtol=1e-5, atol=1e-6)

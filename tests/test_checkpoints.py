@@ -13,10 +13,20 @@ from specjax.checkpoints import detect_format
 from specjax.checkpoints.rules import flatten
 
 T5X_FIXTURES = ["t5x_test_t5_tiny.checkpoint_0", "t5x/legacy_ts/checkpoint_0", "t5x/orbax/checkpoint_0"]
-TINY = dict(vocab_size=64, d_model=16, num_heads=2, head_dim=4, mlp_dim=24, num_encoder_layers=2,
-            num_decoder_layers=3, relative_attention_num_buckets=8)
-FAMILIES = {"t5_1_0": dict(gated_gelu=False, logits_via_embedding=True),
-            "t5_1_1": dict(gated_gelu=True, logits_via_embedding=False)}
+TINY = dict(
+    vocab_size=64,
+    d_model=16,
+    num_heads=2,
+    head_dim=4,
+    mlp_dim=24,
+    num_encoder_layers=2,
+    num_decoder_layers=3,
+    relative_attention_num_buckets=8,
+)
+FAMILIES = {
+    "t5_1_0": dict(gated_gelu=False, logits_via_embedding=True),
+    "t5_1_1": dict(gated_gelu=True, logits_via_embedding=False),
+}
 
 
 def assert_same_params(a, b):
@@ -120,8 +130,10 @@ def test_bfloat16_round_trip_and_dtype_cast(tiny_model, tmp_path):
 
 def test_convert_cli(fixtures_dir, tmp_path, capsys):
     from specjax.cli import main
-    assert main(["convert", str(fixtures_dir / "t5x_test_t5_tiny.checkpoint_0"), str(tmp_path / "hf"),
-                 "--to", "hf"]) == 0
+
+    assert (
+        main(["convert", str(fixtures_dir / "t5x_test_t5_tiny.checkpoint_0"), str(tmp_path / "hf"), "--to", "hf"]) == 0
+    )
     assert main(["convert", str(tmp_path / "hf"), str(tmp_path / "checkpoint_0"), "--to", "t5x"]) == 0
     assert "wrote t5x checkpoint" in capsys.readouterr().out
     a = specjax.load_checkpoint(fixtures_dir / "t5x_test_t5_tiny.checkpoint_0")
@@ -181,6 +193,7 @@ def test_config_that_does_not_match_the_weights(tiny_model, tmp_path):
 
 def test_unknown_hf_key(tiny_model, tmp_path):
     from specjax.checkpoints.hf import read_safetensors, write_safetensors
+
     specjax.save_checkpoint(tiny_model, tmp_path, format="hf")
     tensors = dict(read_safetensors(tmp_path / "model.safetensors"))
     tensors["encoder.block.0.layer.0.SelfAttention.q.bias"] = np.zeros(8, np.float32)
@@ -191,6 +204,7 @@ def test_unknown_hf_key(tiny_model, tmp_path):
 
 def test_missing_parameter(tiny_model, tmp_path):
     from specjax.checkpoints.t5x import write_t5x
+
     flat = flatten(tiny_model.params)
     del flat["decoder/layers_1/mlp/wo/kernel"]
     write_t5x(flat, str(tmp_path))

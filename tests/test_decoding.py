@@ -15,8 +15,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from specjax import T5Config, T5Model, speculative_sample, temperature_sample
-from specjax import decoding
+from specjax import T5Config, T5Model, decoding, speculative_sample, temperature_sample
 from specjax.decoding import DecodeResult, lower_speculative_sample, lower_temperature_sample
 from specjax.sampling import Sampler
 
@@ -31,6 +30,7 @@ EOS = 1
 @dataclasses.dataclass(frozen=True)
 class PositionTable:
     """Logits depend only on the decoder position: params float32[P, v] (row = position)."""
+
     vocab_size: int
     pad_id: int = 0
 
@@ -50,6 +50,7 @@ class Trigram:
     """Logits depend on the last two decoder inputs, read from a token-history cache int32[b, L]:
     params float32[v, v, v] indexed [previous input, current input]. A cache that misses a token gives
     different logits, so this checks each model's cache invariant."""
+
     vocab_size: int
     pad_id: int = 0
 
@@ -79,8 +80,16 @@ def _one_hot_rows(tokens, vocab, scale=30.0):
 
 
 def _t5_config(vocab=8, d=16):
-    return T5Config(vocab_size=vocab, d_model=d, num_heads=2, head_dim=8, mlp_dim=32, num_encoder_layers=2,
-                    num_decoder_layers=2, name="tiny")
+    return T5Config(
+        vocab_size=vocab,
+        d_model=d,
+        num_heads=2,
+        head_dim=8,
+        mlp_dim=32,
+        num_encoder_layers=2,
+        num_decoder_layers=2,
+        name="tiny",
+    )
 
 
 def _scaled(model, factor):
@@ -103,7 +112,7 @@ def _inputs(rng, rows, width, vocab, min_len=1):
     out = np.zeros((rows, width), np.int32)
     for i in range(rows):
         n = rng.integers(min_len, width + 1)
-        out[i, :n - 1] = rng.integers(2, vocab, n - 1)
+        out[i, : n - 1] = rng.integers(2, vocab, n - 1)
         out[i, n - 1] = EOS
     return out
 
@@ -199,8 +208,8 @@ def test_model_draft_catch_up_after_partial_and_full_acceptance(threshold):
     token gives other tokens (or NaN logits). With a confidence threshold the rows draft 1 to γ tokens and
     accept at most what they drafted."""
     from specjax.decoding.drafts import ModelDraft
-    from specjax.decoding.loop import split_rows
     from specjax.decoding.inputs import row_keys
+    from specjax.decoding.loop import split_rows
     from specjax.sampling import SamplingParams
 
     v, b, T, g = 11, 3, 40, 3
@@ -217,21 +226,22 @@ def test_model_draft_catch_up_after_partial_and_full_acceptance(threshold):
     branches = set()
     for accept in schedule:
         branches.add(bool(np.any(n > np.asarray(carry[1]))))  # True: the 2-token window runs
-        proposal, carry = draft.propose(params, context, carry, jnp.asarray(sequences), jnp.asarray(n), keys,
-                                        sampling, g)
+        proposal, carry = draft.propose(
+            params, context, carry, jnp.asarray(sequences), jnp.asarray(n), keys, sampling, g
+        )
         tokens, lengths = np.asarray(proposal.tokens), np.asarray(proposal.lengths)
         for i in range(b):
-            d = [0] + list(sequences[i, :n[i]])  # decoder inputs d[0..n]
+            d = [0] + list(sequences[i, : n[i]])  # decoder inputs d[0..n]
             prev, cur = (d[-2] if len(d) > 1 else 0), d[-1]
             want = []
             for _ in range(g):
                 want.append(int(np.argmax(table[prev, cur])))
                 prev, cur = cur, want[-1]
             assert 1 <= lengths[i] <= g and (threshold is not None or lengths[i] == g)
-            np.testing.assert_array_equal(tokens[i, :lengths[i]], want[:lengths[i]])
+            np.testing.assert_array_equal(tokens[i, : lengths[i]], want[: lengths[i]])
             a = min(accept[i], int(lengths[i]))
             nxt = 2 + (tokens[i, a] - 1) % (v - 2) if a < lengths[i] else int(rng.integers(2, v))  # != x_{a+1}
-            sequences[i, n[i]:n[i] + a + 1] = list(tokens[i, :a]) + [nxt]
+            sequences[i, n[i] : n[i] + a + 1] = list(tokens[i, :a]) + [nxt]
             n[i] += a + 1
     assert branches == {False, True}
 
@@ -313,8 +323,9 @@ def test_speculative_samples_match_target_sequence_distribution(tiny_pair, warp,
     alpha = []
     for c in range(chunks):
         tiled = np.tile(inputs, (per_chunk, 1))
-        r = speculative_sample(target, draft, tiled, rng=jax.random.PRNGKey(1000 + c), gamma=gamma,
-                               max_decode_length=max_len, **warp)
+        r = speculative_sample(
+            target, draft, tiled, rng=jax.random.PRNGKey(1000 + c), gamma=gamma, max_decode_length=max_len, **warp
+        )
         alpha.append(r.acceptance_rate)
         for idx, (seq, n) in enumerate(zip(r.sequences, r.lengths)):
             key = (idx % batch, tuple(seq[:n].tolist()))
@@ -324,8 +335,10 @@ def test_speculative_samples_match_target_sequence_distribution(tiny_pair, warp,
     total = sum(rows_per_input.values())
     assert total >= 100_000
     result, bins = _chi_square(observed, dist, rows_per_input)
-    print(f"\n{warp} gamma={gamma} batch={batch}: n={total} bins={bins} chi2={result.statistic:.1f} "
-          f"p={result.pvalue:.3f} alpha={np.mean(alpha):.3f}")
+    print(
+        f"\n{warp} gamma={gamma} batch={batch}: n={total} bins={bins} chi2={result.statistic:.1f} "
+        f"p={result.pvalue:.3f} alpha={np.mean(alpha):.3f}"
+    )
     assert 0.01 < np.mean(alpha) < 0.99  # the test exercises both acceptance and rejection
     assert result.pvalue > SIGNIFICANCE
 
@@ -344,11 +357,10 @@ def test_greedy_speculative_equals_greedy_baseline(draft_kind):
     max_len = 16
     alphas = []
     for start in range(0, 200, 50):
-        batch = inputs[start:start + 50]
+        batch = inputs[start : start + 50]
         base = temperature_sample(target, batch, rng=0, max_decode_length=max_len, temperature=0)
         for gamma in (1, 2, 4, 8):
-            r = speculative_sample(target, draft, batch, rng=0, gamma=gamma, max_decode_length=max_len,
-                                   temperature=0)
+            r = speculative_sample(target, draft, batch, rng=0, gamma=gamma, max_decode_length=max_len, temperature=0)
             np.testing.assert_array_equal(r.sequences, base.sequences, err_msg=f"gamma={gamma}")
             np.testing.assert_array_equal(r.lengths, base.lengths)
             alphas.append(r.acceptance_rate)
@@ -388,7 +400,8 @@ def test_eos_ends_rows_and_finished_rows_stop_changing(t5_pair, t5_inputs):
     target, draft = t5_pair
     eos_heavy = _scaled(target, 1.0)
     eos_heavy.params["decoder"]["logits_dense"]["kernel"] = (
-        eos_heavy.params["decoder"]["logits_dense"]["kernel"].at[:, EOS].add(0.5))
+        eos_heavy.params["decoder"]["logits_dense"]["kernel"].at[:, EOS].add(0.5)
+    )
     r = speculative_sample(eos_heavy, draft, t5_inputs, rng=4, gamma=GAMMA, max_decode_length=MAX_LEN)
     _check_well_formed(r, MAX_LEN)
     assert np.any(r.lengths < MAX_LEN) and np.any(r.lengths > 1)
@@ -399,8 +412,7 @@ def test_draft_equal_to_target_has_acceptance_rate_one_at_temperature_zero(t5_pa
     target, _ = t5_pair
     base = temperature_sample(target, t5_inputs, rng=0, max_decode_length=MAX_LEN, temperature=0)
     for gamma in (GAMMA, 12):
-        r = speculative_sample(target, target, t5_inputs, rng=0, gamma=gamma, max_decode_length=MAX_LEN,
-                               temperature=0)
+        r = speculative_sample(target, target, t5_inputs, rng=0, gamma=gamma, max_decode_length=MAX_LEN, temperature=0)
         assert r.acceptance_rate == 1.0
         np.testing.assert_array_equal(r.sequences, base.sequences)
         np.testing.assert_array_equal(r.num_target_calls, -(-r.lengths // (gamma + 1)))
@@ -414,8 +426,9 @@ def test_a_row_alone_equals_the_row_in_a_batch(t5_pair, t5_inputs):
     batch = jax.device_get(batch)  # DecodeResult is a pytree of jax arrays: numpy for the host checks
     assert len({tuple(s) for s in batch.sequences}) > 1
     for i in (0, 5, 17, 31):
-        alone = speculative_sample(target, draft, t5_inputs[i:i + 1], rng=row_keys[i:i + 1], gamma=GAMMA,
-                                   max_decode_length=MAX_LEN)
+        alone = speculative_sample(
+            target, draft, t5_inputs[i : i + 1], rng=row_keys[i : i + 1], gamma=GAMMA, max_decode_length=MAX_LEN
+        )
         np.testing.assert_array_equal(alone.sequences[0], batch.sequences[i])
         assert alone.num_accepted[0] == batch.num_accepted[i]
     # With a single key, row 0 of a batch is the same as the row decoded alone with that key.
@@ -424,9 +437,16 @@ def test_a_row_alone_equals_the_row_in_a_batch(t5_pair, t5_inputs):
 
 
 def test_decode_result_properties():
-    r = DecodeResult(np.zeros((2, 3), np.int32), np.array([3, 1]), np.array([2, 1]), np.array([4, 2]),
-                     np.array([3, 0]), np.array([2.5, 0.5], np.float32), np.array([4, 1]),
-                     np.array([[2, 1], [0, 0]]))
+    r = DecodeResult(
+        np.zeros((2, 3), np.int32),
+        np.array([3, 1]),
+        np.array([2, 1]),
+        np.array([4, 2]),
+        np.array([3, 0]),
+        np.array([2.5, 0.5], np.float32),
+        np.array([4, 1]),
+        np.array([[2, 1], [0, 0]]),
+    )
     assert r.accepted_fraction == 0.5 and r.tokens_per_target_call == 4 / 3
     assert r.acceptance_rate == 3.0 / 5 and r.mean_accepted_length == 1.0
     np.testing.assert_allclose(r.row_acceptance_rates, [0.625, 0.5])
@@ -453,25 +473,29 @@ def test_truncate_cuts_long_batches_and_keeps_eos(t5_pair, t5_inputs):
 def no_compile(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("compiled before validating")
+
     monkeypatch.setattr(decoding.loop, "_speculative_jit", fail)
     monkeypatch.setattr(decoding.baseline, "_baseline_jit", fail)
 
 
-@pytest.mark.parametrize("change,match", [
-    (dict(gamma=0), "gamma must be an int >= 1"),
-    (dict(temperature=-1.0), "temperature must be"),
-    (dict(top_p=0.0), "top_p must be in"),
-    (dict(top_p=1.5), "top_p must be in"),
-    (dict(top_k=-2), "top_k must be"),
-    (dict(eos_id=16), "eos_id=16 is outside the vocabulary"),
-    (dict(eos_id=-1), "eos_id=-1 is outside"),
-    (dict(max_decode_length=0), "max_decode_length must be"),
-    (dict(inputs=np.zeros((0, 4), np.int32)), "empty batch"),
-    (dict(inputs=np.full((2, 9), 3, np.int32), max_input_length=8), "truncate=True"),
-    (dict(inputs=np.array([[3, 99, 1]])), "outside the vocabulary"),
-    (dict(inputs=np.array([3, 4, 1])), "2-D"),
-    (dict(rng=jnp.zeros((3, 2), jnp.uint32)), "per-row keys"),
-])
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        (dict(gamma=0), "gamma must be an int >= 1"),
+        (dict(temperature=-1.0), "temperature must be"),
+        (dict(top_p=0.0), "top_p must be in"),
+        (dict(top_p=1.5), "top_p must be in"),
+        (dict(top_k=-2), "top_k must be"),
+        (dict(eos_id=16), "eos_id=16 is outside the vocabulary"),
+        (dict(eos_id=-1), "eos_id=-1 is outside"),
+        (dict(max_decode_length=0), "max_decode_length must be"),
+        (dict(inputs=np.zeros((0, 4), np.int32)), "empty batch"),
+        (dict(inputs=np.full((2, 9), 3, np.int32), max_input_length=8), "truncate=True"),
+        (dict(inputs=np.array([[3, 99, 1]])), "outside the vocabulary"),
+        (dict(inputs=np.array([3, 4, 1])), "2-D"),
+        (dict(rng=jnp.zeros((3, 2), jnp.uint32)), "per-row keys"),
+    ],
+)
 def test_bad_input_raises_before_compiling(t5_pair, no_compile, change, match):
     target, draft = t5_pair
     kwargs = dict(rng=0, gamma=3, max_decode_length=8)
@@ -496,8 +520,7 @@ def test_truncate_cuts_long_inputs_and_keeps_eos(t5_pair):
     target, draft = t5_pair
     long = np.array([[3, 4, 5, 6, 7, 8, 1], [3, 4, 1, 0, 0, 0, 0]])
     short = np.array([[3, 4, 5, 1], [3, 4, 1, 0]])
-    a = speculative_sample(target, draft, long, rng=0, gamma=2, max_decode_length=5, max_input_length=4,
-                           truncate=True)
+    a = speculative_sample(target, draft, long, rng=0, gamma=2, max_decode_length=5, max_input_length=4, truncate=True)
     b = speculative_sample(target, draft, short, rng=0, gamma=2, max_decode_length=5)
     np.testing.assert_array_equal(a.sequences, b.sequences)
 
@@ -524,8 +547,9 @@ def _callback_targets(hlo_text):
 
 def test_speculative_sample_is_one_xla_while_loop_without_callbacks(t5_pair, t5_inputs):
     target, draft = t5_pair
-    lowered = lower_speculative_sample(target, draft, t5_inputs, rng=0, gamma=GAMMA, max_decode_length=MAX_LEN,
-                                       top_k=5, top_p=0.9)
+    lowered = lower_speculative_sample(
+        target, draft, t5_inputs, rng=0, gamma=GAMMA, max_decode_length=MAX_LEN, top_k=5, top_p=0.9
+    )
     compiled = lowered.compile().as_text()
     entry = _entry_computation(compiled)
     assert len(_decode_loops(entry)) == 1, entry
@@ -554,9 +578,11 @@ def test_speculative_sample_inside_jit_with_traced_tokens_keys_and_per_row_sampl
     """t5x style: jit over the core with traced tokens, key and per-row temperature / top-k / top-p; rows at
     temperature 0 equal greedy temperature_sample; five temperature vectors compile one program."""
     target, draft = t5_pair
-    fn = jax.jit(lambda x, key, t, k, p: speculative_sample(target, draft, x, rng=key, gamma=GAMMA,
-                                                            max_decode_length=MAX_LEN, temperature=t, top_k=k,
-                                                            top_p=p))
+    fn = jax.jit(
+        lambda x, key, t, k, p: speculative_sample(
+            target, draft, x, rng=key, gamma=GAMMA, max_decode_length=MAX_LEN, temperature=t, top_k=k, top_p=p
+        )
+    )
     greedy = temperature_sample(target, t5_inputs, rng=0, max_decode_length=MAX_LEN, temperature=0)
     rng = np.random.default_rng(0)
     for trial in range(5):
@@ -573,19 +599,30 @@ def test_speculative_sample_inside_jit_with_traced_tokens_keys_and_per_row_sampl
     # Eagerly too: new temperature values reuse the compiled program (counted, not timed).
     before = decoding.loop._speculative_jit._cache_size()
     for t in (0.3, np.float32(0.5), np.float64(0.9), 1, jnp.float32(1.7)):
-        speculative_sample(target, draft, t5_inputs, rng=1, gamma=GAMMA, max_decode_length=MAX_LEN,
-                           temperature=t, top_k=np.int64(5), top_p=np.float32(0.95))
+        speculative_sample(
+            target,
+            draft,
+            t5_inputs,
+            rng=1,
+            gamma=GAMMA,
+            max_decode_length=MAX_LEN,
+            temperature=t,
+            top_k=np.int64(5),
+            top_p=np.float32(0.95),
+        )
     assert decoding.loop._speculative_jit._cache_size() - before <= 1
 
 
 def test_make_jaxpr_and_rng_none(t5_pair, t5_inputs):
     target, draft = t5_pair
     jaxpr = jax.make_jaxpr(lambda x: temperature_sample(target, x, max_decode_length=4, temperature=0))(
-        jnp.asarray(t5_inputs))
+        jnp.asarray(t5_inputs)
+    )
     assert "while" in str(jaxpr)
     a = speculative_sample(target, draft, t5_inputs, rng=None, gamma=2, max_decode_length=6, temperature=0.0)
-    b = speculative_sample(target, draft, t5_inputs, rng=jax.random.PRNGKey(0), gamma=2, max_decode_length=6,
-                           temperature=0.0)
+    b = speculative_sample(
+        target, draft, t5_inputs, rng=jax.random.PRNGKey(0), gamma=2, max_decode_length=6, temperature=0.0
+    )
     np.testing.assert_array_equal(a.sequences, b.sequences)
 
 
@@ -600,7 +637,12 @@ def test_self_draft_alpha_is_one(t5_pair, t5_inputs, warp):
 
 
 MIXED_ROWS = [  # (temperature, top_k, top_p) per distinct input row
-    (1.0, 0, 1.0), (0.7, 3, 1.0), (1.0, 0, 0.8), (1.3, 4, 0.9), (0.0, 0, 1.0)]
+    (1.0, 0, 1.0),
+    (0.7, 3, 1.0),
+    (1.0, 0, 0.8),
+    (1.3, 4, 0.9),
+    (0.0, 0, 1.0),
+]
 
 
 @pytest.mark.slow
@@ -615,21 +657,28 @@ def test_mixed_sampling_rows_each_match_their_own_distribution(tiny_pair, gamma)
     per_chunk = 4_001
     observed = [dict() for _ in range(rows)]
     for c in range(5):
-        r = speculative_sample(target, draft, np.tile(inputs, (per_chunk, 1)), rng=jax.random.PRNGKey(77 + c),
-                               gamma=gamma, max_decode_length=max_len, temperature=np.tile(t, per_chunk),
-                               top_k=np.tile(k, per_chunk), top_p=np.tile(p, per_chunk))
+        r = speculative_sample(
+            target,
+            draft,
+            np.tile(inputs, (per_chunk, 1)),
+            rng=jax.random.PRNGKey(77 + c),
+            gamma=gamma,
+            max_decode_length=max_len,
+            temperature=np.tile(t, per_chunk),
+            top_k=np.tile(k, per_chunk),
+            top_p=np.tile(p, per_chunk),
+        )
         for idx, (seq, n) in enumerate(zip(np.asarray(r.sequences), np.asarray(r.lengths))):
             key = (0, tuple(seq[:n].tolist()))
             observed[idx % rows][key] = observed[idx % rows].get(key, 0) + 1
     for i, (temp, top_k, top_p) in enumerate(MIXED_ROWS):
-        dist = _exact_sequence_distribution(target, inputs[i:i + 1], Sampler(temp, top_k, top_p), max_len)
+        dist = _exact_sequence_distribution(target, inputs[i : i + 1], Sampler(temp, top_k, top_p), max_len)
         if temp == 0:  # the greedy row: one sequence, always
             assert list(observed[i].values()) == [5 * per_chunk]
             assert dist[next(iter(observed[i]))] == pytest.approx(1.0)
             continue
         result, bins = _chi_square(observed[i], dist, {0: 5 * per_chunk})
-        print(f"\nrow {i} {MIXED_ROWS[i]} gamma={gamma}: bins={bins} chi2={result.statistic:.1f} "
-              f"p={result.pvalue:.3f}")
+        print(f"\nrow {i} {MIXED_ROWS[i]} gamma={gamma}: bins={bins} chi2={result.statistic:.1f} p={result.pvalue:.3f}")
         assert result.pvalue > SIGNIFICANCE
 
 
@@ -643,15 +692,25 @@ def test_bfloat16_decode_params_hand_over_a_float32_embedding_with_the_same_outp
     from specjax.models import t5
     from specjax.models.adapter import T5Decoding
 
-    config = T5Config(vocab_size=97, d_model=32, num_heads=2, head_dim=16, mlp_dim=48, num_encoder_layers=1,
-                      num_decoder_layers=2, name="tiny")
+    config = T5Config(
+        vocab_size=97,
+        d_model=32,
+        num_heads=2,
+        head_dim=16,
+        mlp_dim=48,
+        num_encoder_layers=1,
+        num_decoder_layers=2,
+        name="tiny",
+    )
     model = T5Model.random(config, seed=3).astype("bfloat16")
     fns, params = model.decoding_model()
     assert params["token_embedder"]["embedding"].dtype == jnp.float32
     assert model.params["token_embedder"]["embedding"].dtype == jnp.bfloat16
     assert model.decoding_model()[1] is params  # made once
-    np.testing.assert_array_equal(np.asarray(params["token_embedder"]["embedding"]),
-                                  np.asarray(model.params["token_embedder"]["embedding"], np.float32))
+    np.testing.assert_array_equal(
+        np.asarray(params["token_embedder"]["embedding"]),
+        np.asarray(model.params["token_embedder"]["embedding"], np.float32),
+    )
     x = jnp.asarray([[5, 9, 14, 3, 1, 0]], jnp.int32)
     tokens = jnp.asarray([[0, 7, 11]], jnp.int32)
 
@@ -670,9 +729,10 @@ def test_bfloat16_decode_params_hand_over_a_float32_embedding_with_the_same_outp
         np.testing.assert_array_equal(np.asarray(got.sequences), np.asarray(stored.sequences))
         # The target alone too (the float32 attention memory of decoding_model() against the stored dtype).
         kw1 = dict(max_decode_length=12, rng=jax.random.PRNGKey(2), temperature=temperature)
-        np.testing.assert_array_equal(np.asarray(temperature_sample(model, x, **kw1).sequences),
-                                      np.asarray(temperature_sample((T5Decoding(model.config), model.params), x,
-                                                                    **kw1).sequences))
+        np.testing.assert_array_equal(
+            np.asarray(temperature_sample(model, x, **kw1).sequences),
+            np.asarray(temperature_sample((T5Decoding(model.config), model.params), x, **kw1).sequences),
+        )
     tied = T5Model.random(config.replace(logits_via_embedding=True), seed=3).astype("bfloat16")
     assert tied.decoding_model()[1] is tied.params
     f32 = T5Model.random(config, seed=3)

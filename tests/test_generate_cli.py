@@ -12,15 +12,29 @@ from specjax.cli import main
 SPIECE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "tokenizer" / "t5" / "spiece.model"
 pytestmark = pytest.mark.skipif(not SPIECE.exists(), reason=f"T5 spiece.model not found at {SPIECE}")
 
-LINES = ["A man is riding a bike.", "", "Two dogs play in the snow near a red house.", "Hello",
-         "The quick brown fox jumps over the lazy dog again and again.", "Yes."]
+LINES = [
+    "A man is riding a bike.",
+    "",
+    "Two dogs play in the snow near a red house.",
+    "Hello",
+    "The quick brown fox jumps over the lazy dog again and again.",
+    "Yes.",
+]
 
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("ckpt")
-    config = T5Config(vocab_size=32128, d_model=16, num_heads=2, head_dim=8, mlp_dim=32, num_encoder_layers=1,
-                      num_decoder_layers=1, name="tiny")
+    config = T5Config(
+        vocab_size=32128,
+        d_model=16,
+        num_heads=2,
+        head_dim=8,
+        mlp_dim=32,
+        num_encoder_layers=1,
+        num_decoder_layers=1,
+        name="tiny",
+    )
     target, draft = T5Model.random(config, seed=0), T5Model.random(config, seed=1)
     return save_checkpoint(target, root / "target"), save_checkpoint(draft, root / "draft"), target
 
@@ -30,8 +44,26 @@ def _run(tmp_path, checkpoints, *extra, lines=LINES, output="out.txt"):
     src = tmp_path / "in.txt"
     src.write_text("".join(l + "\n" for l in lines), encoding="utf-8")
     out = tmp_path / output
-    rc = main(["generate", "--target", str(target), "--draft", str(draft), "--input", str(src), "--output",
-               str(out), "--tokenizer", str(SPIECE), "--max-decode-length", "6", "--gamma", "3", *extra])
+    rc = main(
+        [
+            "generate",
+            "--target",
+            str(target),
+            "--draft",
+            str(draft),
+            "--input",
+            str(src),
+            "--output",
+            str(out),
+            "--tokenizer",
+            str(SPIECE),
+            "--max-decode-length",
+            "6",
+            "--gamma",
+            "3",
+            *extra,
+        ]
+    )
     return rc, out
 
 
@@ -69,11 +101,14 @@ def test_outputs_do_not_depend_on_batch_size_and_runs_resume(tmp_path, checkpoin
     assert rc == 0 and resumed.read_text(encoding="utf-8") == full.read_text(encoding="utf-8")
 
 
-@pytest.mark.parametrize("args,message", [
-    (("--gamma", "0"), "--gamma must be >= 1"),
-    (("--top-p", "0"), "top_p must be in"),
-    (("--max-input-length", "4"), "pass --truncate"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (("--gamma", "0"), "--gamma must be >= 1"),
+        (("--top-p", "0"), "top_p must be in"),
+        (("--max-input-length", "4"), "pass --truncate"),
+    ],
+)
 def test_bad_arguments_are_clear_errors(tmp_path, checkpoints, capsys, args, message):
     rc, out = _run(tmp_path, checkpoints, *args)
     assert rc == 2
@@ -83,8 +118,7 @@ def test_bad_arguments_are_clear_errors(tmp_path, checkpoints, capsys, args, mes
 def test_target_without_draft_is_an_error(tmp_path, checkpoints, capsys):
     src = tmp_path / "in.txt"
     src.write_text("hi\n")
-    rc = main(["generate", "--target", str(checkpoints[0]), "--input", str(src), "--output",
-               str(tmp_path / "o.txt")])
+    rc = main(["generate", "--target", str(checkpoints[0]), "--input", str(src), "--output", str(tmp_path / "o.txt")])
     assert rc == 2 and "--draft" in capsys.readouterr().err
 
 
@@ -99,6 +133,7 @@ def test_checkpoint_folder_vocabulary_is_used_before_t5s(tmp_path, capsys):
 
     import specjax
     from specjax.defaults import DEFAULT_PAIR
+
     target, _, tok = specjax.load_default_pair(size="mini")
     root = tmp_path / "pair"
     for name in ("target", "draft_distilled"):
@@ -109,8 +144,21 @@ def test_checkpoint_folder_vocabulary_is_used_before_t5s(tmp_path, capsys):
     src = tmp_path / "in.txt"
     src.write_text("A man is riding a bicycle.\n", encoding="utf-8")
     out = tmp_path / "out.txt"
-    rc = main(["generate", "--target", str(root / "target"), "--draft", str(root / "draft_distilled"),
-               "--input", str(src), "--output", str(out), "--max-decode-length", "16"])
+    rc = main(
+        [
+            "generate",
+            "--target",
+            str(root / "target"),
+            "--draft",
+            str(root / "draft_distilled"),
+            "--input",
+            str(src),
+            "--output",
+            str(out),
+            "--max-decode-length",
+            "16",
+        ]
+    )
     assert rc == 0
     assert "the target checkpoint's own vocabulary" in capsys.readouterr().err
     x = tok.encode_batch(["A man is riding a bicycle."])
@@ -118,9 +166,11 @@ def test_checkpoint_folder_vocabulary_is_used_before_t5s(tmp_path, capsys):
     assert out.read_text(encoding="utf-8") == tok.decode(np.asarray(base.sequences)[0]) + "\n"
 
 
-def test_gamma_above_max_decode_length_is_clipped_and_each_batch_decoded_once(tmp_path, checkpoints, capsys,
-                                                                              monkeypatch):
+def test_gamma_above_max_decode_length_is_clipped_and_each_batch_decoded_once(
+    tmp_path, checkpoints, capsys, monkeypatch
+):
     import specjax.decoding as decoding
+
     calls = []
     real = decoding.speculative_sample
 
@@ -152,29 +202,65 @@ def test_empty_and_non_utf8_inputs_are_clear_errors(tmp_path, checkpoints, capsy
 
 def test_demo_refuses_bad_flags_before_loading_models(monkeypatch, capsys):
     import specjax.defaults
-    monkeypatch.setattr(specjax.defaults, "load_default_pair",
-                        lambda *a, **k: (_ for _ in ()).throw(AssertionError("loaded models")))
+
+    monkeypatch.setattr(
+        specjax.defaults, "load_default_pair", lambda *a, **k: (_ for _ in ()).throw(AssertionError("loaded models"))
+    )
     assert main(["demo", "--gamma", "0"]) == 2
     assert "--gamma must be >= 1" in capsys.readouterr().err
 
 
 def test_translate_has_truncate(capsys):
-    assert main(["translate", "--size", "mini", "--max-input-length", "3", "--truncate", "--max-decode-length", "4",
-                 "A man is riding a bicycle down the street."]) == 0
-    assert main(["translate", "--size", "mini", "--max-input-length", "3", "--max-decode-length", "4",
-                 "A man is riding a bicycle down the street."]) == 2
+    assert (
+        main(
+            [
+                "translate",
+                "--size",
+                "mini",
+                "--max-input-length",
+                "3",
+                "--truncate",
+                "--max-decode-length",
+                "4",
+                "A man is riding a bicycle down the street.",
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "translate",
+                "--size",
+                "mini",
+                "--max-input-length",
+                "3",
+                "--max-decode-length",
+                "4",
+                "A man is riding a bicycle down the street.",
+            ]
+        )
+        == 2
+    )
     assert "--truncate" in capsys.readouterr().err
 
 
 def test_mesh_error_names_each_suggestion_once():
     from specjax import parallel
+
     with pytest.raises(ValueError) as e:
         parallel.make_mesh("data:2,model:2")
     assert str(e.value).count("data:1,model:1") == 1
 
 
-@pytest.mark.parametrize("flags", [("--verification", "block"), ("--draft-confidence-threshold", "0.5"),
-                                   ("--draft", "prompt-lookup", "--max-ngram", "2")])
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ("--verification", "block"),
+        ("--draft-confidence-threshold", "0.5"),
+        ("--draft", "prompt-lookup", "--max-ngram", "2"),
+    ],
+)
 def test_drafting_flags_keep_the_greedy_target_output(tmp_path, checkpoints, flags):
     """Issue 11 in the CLI: block verification, confidence-stopped drafting and prompt lookup (no draft model)
     each give token for token the target's greedy output."""
@@ -182,8 +268,23 @@ def test_drafting_flags_keep_the_greedy_target_output(tmp_path, checkpoints, fla
     src = tmp_path / "in.txt"
     src.write_text("".join(l + "\n" for l in LINES), encoding="utf-8")
     out = tmp_path / "out.txt"
-    args = ["generate", "--target", str(target), "--input", str(src), "--output", str(out), "--tokenizer",
-            str(SPIECE), "--max-decode-length", "6", "--gamma", "3", "--batch-size", "4"]
+    args = [
+        "generate",
+        "--target",
+        str(target),
+        "--input",
+        str(src),
+        "--output",
+        str(out),
+        "--tokenizer",
+        str(SPIECE),
+        "--max-decode-length",
+        "6",
+        "--gamma",
+        "3",
+        "--batch-size",
+        "4",
+    ]
     if "prompt-lookup" not in flags:
         args += ["--draft", str(draft)]
     assert main(args + list(flags)) == 0
@@ -197,8 +298,17 @@ def test_drafting_flag_errors(tmp_path, checkpoints, capsys):
     target, draft, _ = checkpoints
     src = tmp_path / "in.txt"
     src.write_text("Hello\n", encoding="utf-8")
-    base = ["generate", "--target", str(target), "--input", str(src), "--output", str(tmp_path / "o.txt"),
-            "--tokenizer", str(SPIECE)]
+    base = [
+        "generate",
+        "--target",
+        str(target),
+        "--input",
+        str(src),
+        "--output",
+        str(tmp_path / "o.txt"),
+        "--tokenizer",
+        str(SPIECE),
+    ]
     assert main(base + ["--draft", str(draft), "--draft-confidence-threshold", "1.5"]) == 2
     assert "--draft-confidence-threshold must be in [0, 1]" in capsys.readouterr().err
     assert main(base + ["--draft", "prompt-lookup", "--draft-confidence-threshold", "0.5"]) == 2
@@ -213,9 +323,11 @@ def test_directory_paths_are_clear_errors(tmp_path, checkpoints, capsys):
     src = tmp_path / "in.txt"
     src.write_text("hi\n", encoding="utf-8")
     base = ["generate", "--target", str(target), "--draft", str(draft), "--tokenizer", str(SPIECE)]
-    cases = [(["--input", str(tmp_path), "--output", str(tmp_path / "o.txt")], "is a directory"),
-             (["--input", str(src), "--output", str(tmp_path)], "is a directory; pass a file name"),
-             (["--input", str(src), "--output", str(tmp_path / "no" / "such" / "o.txt")], "does not exist")]
+    cases = [
+        (["--input", str(tmp_path), "--output", str(tmp_path / "o.txt")], "is a directory"),
+        (["--input", str(src), "--output", str(tmp_path)], "is a directory; pass a file name"),
+        (["--input", str(src), "--output", str(tmp_path / "no" / "such" / "o.txt")], "does not exist"),
+    ]
     for args, message in cases:
         assert main(base + args) == 2
         err = capsys.readouterr().err
@@ -225,6 +337,7 @@ def test_directory_paths_are_clear_errors(tmp_path, checkpoints, capsys):
 def test_short_file_is_not_padded_to_the_batch_size(tmp_path, checkpoints, monkeypatch):
     """Three lines with the default --batch-size 32 decode in one call of 3 rows, not 32."""
     import specjax.decoding as decoding
+
     shapes = []
     real = decoding.speculative_sample
 

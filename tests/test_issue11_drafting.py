@@ -11,16 +11,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from test_decoding import (
+    SIGNIFICANCE,
+    _chi_square,
+    _exact_sequence_distribution,
+    _inputs,
+    _perturbed,
+    _t5_config,
+    tiny_pair,  # a fixture
+)
 
 import specjax
-from specjax import PromptLookupDraft, T5Model, speculative_sample, temperature_sample
-from specjax import bench
+from specjax import PromptLookupDraft, T5Model, bench, speculative_sample, temperature_sample
 from specjax.decoding.block import block_acceptance, block_verify
 from specjax.decoding.verify import token_verify
 from specjax.sampling import Sampler
-from test_decoding import (SIGNIFICANCE, _chi_square, _exact_sequence_distribution, _inputs, _perturbed, _t5_config,
-                           tiny_pair)  # noqa: F401 (tiny_pair is a fixture)
-
 
 # ----------------------------------------------------------------------------------------------------------
 # Block verification by exact enumeration (no sampling): the rule's output distribution is the target's
@@ -29,8 +34,11 @@ from test_decoding import (SIGNIFICANCE, _chi_square, _exact_sequence_distributi
 def _tables(rng, vocab, depth, scale):
     """{prefix tuple: distribution float64[v]} for every prefix shorter than ``depth``: a context-dependent
     autoregressive model over a tiny vocabulary."""
-    return {pre: (lambda z: z / z.sum())(np.exp(rng.normal(size=vocab) * scale))
-            for n in range(depth) for pre in itertools.product(range(vocab), repeat=n)}
+    return {
+        pre: (lambda z: z / z.sum())(np.exp(rng.normal(size=vocab) * scale))
+        for n in range(depth)
+        for pre in itertools.product(range(vocab), repeat=n)
+    }
 
 
 def _block_outcomes(P, Q, vocab, gamma, lengths_of=None):
@@ -78,9 +86,12 @@ def test_block_verification_output_distribution_is_the_target_exactly(lengths):
     vocab, gamma = 3, 3
     rng = np.random.default_rng(0)
     Q, P = _tables(rng, vocab, gamma + 2, 1.5), _tables(rng, vocab, gamma + 2, 1.5)
-    lengths_of = {"full": None, "none": lambda bl: 0, "two": lambda bl: 2,
-                  "stopping_time": lambda bl: 1 + next((i for i in range(gamma - 1) if P[bl[:i]][bl[i]] < 0.4),
-                                                       gamma - 1)}[lengths]
+    lengths_of = {
+        "full": None,
+        "none": lambda bl: 0,
+        "two": lambda bl: 2,
+        "stopping_time": lambda bl: 1 + next((i for i in range(gamma - 1) if P[bl[:i]][bl[i]] < 0.4), gamma - 1),
+    }[lengths]
     outcomes = _block_outcomes(P, Q, vocab, gamma, lengths_of)
     got = _output_distribution(outcomes, Q, vocab, gamma)
     for s in itertools.product(range(vocab), repeat=gamma + 1):
@@ -126,6 +137,7 @@ def test_block_verify_samples_tau_with_the_enumerated_probabilities():
     uses: 200k rows of one fixed block, chi-square at significance 0.001; and greedy (one-hot p, q) gives
     token verification's count and the target's argmax."""
     from scipy import stats
+
     vocab, gamma = 4, 3
     rng = np.random.default_rng(2)
     p = rng.dirichlet(np.ones(vocab), size=gamma).astype(np.float32)
@@ -136,12 +148,15 @@ def test_block_verify_samples_tau_with_the_enumerated_probabilities():
     h = np.asarray(h[0], np.float64)
     p_tau = np.array([(h[t - 1] if t else 1.0) * np.prod(1.0 - h[t:]) for t in range(gamma + 1)])
     keys = jax.random.split(jax.random.PRNGKey(0), rows)
-    tau, _, _ = jax.jit(block_verify)(keys, jnp.tile(drafted, (rows, 1)), jnp.tile(p, (rows, 1, 1)),
-                                      jnp.tile(q, (rows, 1, 1)))
+    tau, _, _ = jax.jit(block_verify)(
+        keys, jnp.tile(drafted, (rows, 1)), jnp.tile(p, (rows, 1, 1)), jnp.tile(q, (rows, 1, 1))
+    )
     counts = np.bincount(np.asarray(tau), minlength=gamma + 1)
     keep = p_tau * rows >= 5
-    assert stats.chisquare(counts[keep], p_tau[keep] * rows * counts[keep].sum() / (p_tau[keep].sum() * rows)
-                           ).pvalue > SIGNIFICANCE
+    assert (
+        stats.chisquare(counts[keep], p_tau[keep] * rows * counts[keep].sum() / (p_tau[keep].sum() * rows)).pvalue
+        > SIGNIFICANCE
+    )
 
     target_argmax = np.array([0, 1, 3, 2])
     q1 = np.eye(vocab, dtype=np.float32)[target_argmax][None]
@@ -159,20 +174,24 @@ def test_prompt_lookup_proposals():
     """The most recent earlier occurrence of the last n tokens (n = max_ngram down to min_ngram), in the row's
     output before its input; up to gamma following tokens from the same segment; no match -> length 0."""
     draft = PromptLookupDraft(max_ngram=2, min_ngram=1)
-    enc = jnp.asarray([[5, 6, 7, 8, 9, 1, 0, 0],
-                       [5, 6, 7, 8, 9, 1, 0, 0],
-                       [5, 6, 7, 8, 9, 1, 0, 0],
-                       [2, 3, 4, 1, 0, 0, 0, 0],
-                       [5, 6, 7, 1, 0, 0, 0, 0],
-                       [5, 6, 7, 1, 0, 0, 0, 0]])
+    enc = jnp.asarray(
+        [
+            [5, 6, 7, 8, 9, 1, 0, 0],
+            [5, 6, 7, 8, 9, 1, 0, 0],
+            [5, 6, 7, 8, 9, 1, 0, 0],
+            [2, 3, 4, 1, 0, 0, 0, 0],
+            [5, 6, 7, 1, 0, 0, 0, 0],
+            [5, 6, 7, 1, 0, 0, 0, 0],
+        ]
+    )
     T, gamma = 10, 3
     seqs = np.zeros((6, T), np.int32)
-    seqs[0, :2] = [4, 6]              # bigram "4 6" nowhere earlier; unigram "6" in the input -> "7 8 9"
+    seqs[0, :2] = [4, 6]  # bigram "4 6" nowhere earlier; unigram "6" in the input -> "7 8 9"
     seqs[1, :6] = [5, 6, 4, 4, 5, 6]  # bigram "5 6" last: most recent earlier one is output 0..1 -> "4 4 5"
-    seqs[2, :3] = [9, 5, 6]           # bigram "5 6": not in the output before; in the input -> "7 8 9"
-    seqs[3, :2] = [9, 9]              # bigram "9 9" nowhere; unigram "9": the output's own 9 at 0 -> "9"
-    seqs[4, :1] = [6]                 # "6" in the input, followed by "7 1" then padding: 2 tokens
-                                      # row 5: nothing emitted yet -> length 0
+    seqs[2, :3] = [9, 5, 6]  # bigram "5 6": not in the output before; in the input -> "7 8 9"
+    seqs[3, :2] = [9, 9]  # bigram "9 9" nowhere; unigram "9": the output's own 9 at 0 -> "9"
+    seqs[4, :1] = [6]  # "6" in the input, followed by "7 1" then padding: 2 tokens
+    # row 5: nothing emitted yet -> length 0
     n = jnp.asarray([2, 6, 3, 2, 1, 0], jnp.int32)
     context, carry = draft.start(None, enc, T + gamma + 1)
     prop, _ = draft.propose(None, context, carry, jnp.asarray(seqs), n, None, None, gamma)
@@ -196,8 +215,7 @@ def test_bad_settings_raise():
     target = T5Model.random(_t5_config(vocab=8), seed=0)
     x = np.array([[3, 4, 1]])
     with pytest.raises(ValueError, match="draft_confidence_threshold needs a draft model"):
-        speculative_sample(target, PromptLookupDraft(), x, gamma=2, max_decode_length=4,
-                           draft_confidence_threshold=0.5)
+        speculative_sample(target, PromptLookupDraft(), x, gamma=2, max_decode_length=4, draft_confidence_threshold=0.5)
     with pytest.raises(ValueError, match="number in \\[0, 1\\]"):
         speculative_sample(target, target, x, gamma=2, max_decode_length=4, draft_confidence_threshold=1.5)
 
@@ -215,8 +233,16 @@ def _chi_square_run(target, draft, warp, gamma, batch, seed, **kwargs):
     per_chunk = 20_006 // batch
     observed, rows_per_input, alpha = {}, dict.fromkeys(range(batch), 0), []
     for c in range(5):
-        r = speculative_sample(target, draft, np.tile(inputs, (per_chunk, 1)), rng=jax.random.PRNGKey(seed + c),
-                               gamma=gamma, max_decode_length=max_len, **warp, **kwargs)
+        r = speculative_sample(
+            target,
+            draft,
+            np.tile(inputs, (per_chunk, 1)),
+            rng=jax.random.PRNGKey(seed + c),
+            gamma=gamma,
+            max_decode_length=max_len,
+            **warp,
+            **kwargs,
+        )
         alpha.append(r.acceptance_rate)
         for idx, (seq, n) in enumerate(zip(np.asarray(r.sequences), np.asarray(r.lengths))):
             key = (idx % batch, tuple(seq[:n].tolist()))
@@ -241,8 +267,10 @@ BLOCK_CASES = [  # (warping, gamma, batch): every warping, gamma and batch is co
 def test_block_verification_matches_target_sequence_distribution(tiny_pair, warp, gamma, batch):
     target, draft = tiny_pair
     result, bins, alpha, _ = _chi_square_run(target, draft, warp, gamma, batch, 2000, verification="block")
-    print(f"\nblock {warp} gamma={gamma} batch={batch}: bins={bins} chi2={result.statistic:.1f} "
-          f"p={result.pvalue:.3f} alpha={alpha:.3f}")
+    print(
+        f"\nblock {warp} gamma={gamma} batch={batch}: bins={bins} chi2={result.statistic:.1f} "
+        f"p={result.pvalue:.3f} alpha={alpha:.3f}"
+    )
     assert 0.01 < alpha < 0.99
     assert result.pvalue > SIGNIFICANCE
 
@@ -253,11 +281,14 @@ def test_prompt_lookup_matches_target_sequence_distribution(tiny_pair, verificat
     """Prompt lookup at temperature 1 (gamma 3, batch 7): matches happen (inputs and outputs share the tiny
     vocabulary) and are rejected often; rows without a match emit the target's token alone."""
     target, _ = tiny_pair
-    result, bins, alpha, r = _chi_square_run(target, PromptLookupDraft(max_ngram=2), dict(temperature=1.0), 3, 7,
-                                             3000, verification=verification)
+    result, bins, alpha, r = _chi_square_run(
+        target, PromptLookupDraft(max_ngram=2), dict(temperature=1.0), 3, 7, 3000, verification=verification
+    )
     drafted_per_call = np.asarray(r.num_draft_tokens).sum() / np.asarray(r.num_target_calls).sum()
-    print(f"\nprompt lookup ({verification}): bins={bins} chi2={result.statistic:.1f} p={result.pvalue:.3f} "
-          f"alpha={alpha:.3f} drafted/call={drafted_per_call:.2f}")
+    print(
+        f"\nprompt lookup ({verification}): bins={bins} chi2={result.statistic:.1f} p={result.pvalue:.3f} "
+        f"alpha={alpha:.3f} drafted/call={drafted_per_call:.2f}"
+    )
     assert 0.01 < alpha < 0.99 and 0.1 < drafted_per_call < 3
     assert result.pvalue > SIGNIFICANCE
 
@@ -267,11 +298,14 @@ def test_prompt_lookup_matches_target_sequence_distribution(tiny_pair, verificat
 def test_confidence_stopped_drafting_matches_target_sequence_distribution(tiny_pair, verification, batch):
     """Confidence stop at temperature 1 (gamma 4, threshold 0.5): rows draft 1 to 4 tokens."""
     target, draft = tiny_pair
-    result, bins, alpha, r = _chi_square_run(target, draft, dict(temperature=1.0), 4, batch, 4000,
-                                             verification=verification, draft_confidence_threshold=0.5)
+    result, bins, alpha, r = _chi_square_run(
+        target, draft, dict(temperature=1.0), 4, batch, 4000, verification=verification, draft_confidence_threshold=0.5
+    )
     drafted_per_call = np.asarray(r.num_draft_tokens).sum() / np.asarray(r.num_target_calls).sum()
-    print(f"\nconfidence stop ({verification}, batch {batch}): bins={bins} chi2={result.statistic:.1f} "
-          f"p={result.pvalue:.3f} alpha={alpha:.3f} drafted/call={drafted_per_call:.2f}")
+    print(
+        f"\nconfidence stop ({verification}, batch {batch}): bins={bins} chi2={result.statistic:.1f} "
+        f"p={result.pvalue:.3f} alpha={alpha:.3f} drafted/call={drafted_per_call:.2f}"
+    )
     assert 0.01 < alpha < 0.99 and 1.05 < drafted_per_call < 3.5
     assert result.pvalue > SIGNIFICANCE
 
@@ -297,10 +331,9 @@ def test_greedy_identity_on_random_models(path):
     inputs = _inputs(np.random.default_rng(7), 200, 12, 32)
     drafted, calls = 0, 0
     for start in range(0, 200, 50):
-        batch = inputs[start:start + 50]
+        batch = inputs[start : start + 50]
         base = temperature_sample(target, batch, rng=0, max_decode_length=16, temperature=0)
-        r = speculative_sample(target, draft, batch, rng=0, gamma=gamma, max_decode_length=16, temperature=0,
-                               **kwargs)
+        r = speculative_sample(target, draft, batch, rng=0, gamma=gamma, max_decode_length=16, temperature=0, **kwargs)
         np.testing.assert_array_equal(r.sequences, base.sequences)
         np.testing.assert_array_equal(r.lengths, base.lengths)
         drafted += np.asarray(r.num_draft_tokens).sum()
@@ -323,7 +356,14 @@ def test_greedy_identity_on_real_sentences_with_the_shipped_pair(shipped, data_d
     (x,) = bench.pad_batches([tokenizer.encode(l) for l in lines], batch_size=16)
     base = temperature_sample(target, x, rng=0, max_decode_length=48, temperature=0.0)
     for name, (make_draft, kwargs, gamma) in GREEDY_PATHS.items():
-        r = speculative_sample(target, make_draft(target, draft), x, rng=0, gamma=gamma, max_decode_length=48,
-                               temperature=0.0, **(dict(draft_confidence_threshold=0.5)
-                                                   if name == "confidence_stop" else kwargs))
+        r = speculative_sample(
+            target,
+            make_draft(target, draft),
+            x,
+            rng=0,
+            gamma=gamma,
+            max_decode_length=48,
+            temperature=0.0,
+            **(dict(draft_confidence_threshold=0.5) if name == "confidence_stop" else kwargs),
+        )
         np.testing.assert_array_equal(r.sequences, base.sequences, err_msg=name)

@@ -26,20 +26,26 @@ FAMILIES = {
     "t5_1_1_shared_head": dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False),
 }
 UNTIE = {"t5_1_1"}
-ENC = np.array([[5, 9, 23, 17, 44, 1, 0, 0],
-                [7, 3, 61, 1, 0, 0, 0, 0],
-                [12, 80, 33, 2, 90, 4, 5, 1]], np.int32)
-DEC = np.array([[0, 14, 3, 77, 8, 1],
-                [0, 6, 1, 0, 0, 0],
-                [0, 95, 2, 2, 40, 11]], np.int32)
+ENC = np.array([[5, 9, 23, 17, 44, 1, 0, 0], [7, 3, 61, 1, 0, 0, 0, 0], [12, 80, 33, 2, 90, 4, 5, 1]], np.int32)
+DEC = np.array([[0, 14, 3, 77, 8, 1], [0, 6, 1, 0, 0, 0], [0, 95, 2, 2, 40, 11]], np.int32)
 
 
 def make_hf_model(family: str, seed: int = 0):
     """A random tiny transformers T5 with non-trivial layer norms (and an untied head for 1.1)."""
     torch.manual_seed(seed)
-    cfg = transformers.T5Config(vocab_size=96, d_model=24, d_kv=6, num_heads=4, d_ff=40, num_layers=2,
-                                num_decoder_layers=2, dropout_rate=0.0, relative_attention_num_buckets=8,
-                                relative_attention_max_distance=16, **FAMILIES[family])
+    cfg = transformers.T5Config(
+        vocab_size=96,
+        d_model=24,
+        d_kv=6,
+        num_heads=4,
+        d_ff=40,
+        num_layers=2,
+        num_decoder_layers=2,
+        dropout_rate=0.0,
+        relative_attention_num_buckets=8,
+        relative_attention_max_distance=16,
+        **FAMILIES[family],
+    )
     model = transformers.T5ForConditionalGeneration(cfg).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -57,8 +63,9 @@ def hf_outputs(model, enc, dec):
         ids = torch.tensor(enc, dtype=torch.long)
         mask = torch.tensor(enc != 0, dtype=torch.long)
         encoded = model.encoder(input_ids=ids, attention_mask=mask).last_hidden_state.numpy()
-        logits = model(input_ids=ids, attention_mask=mask,
-                       decoder_input_ids=torch.tensor(dec, dtype=torch.long)).logits.numpy()
+        logits = model(
+            input_ids=ids, attention_mask=mask, decoder_input_ids=torch.tensor(dec, dtype=torch.long)
+        ).logits.numpy()
     return encoded, logits
 
 

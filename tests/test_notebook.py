@@ -45,10 +45,8 @@ def test_notebook_runs_top_to_bottom(name, data_dir, record_property):
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
     for cell in nb.cells:
         if cell.cell_type == "code":
-            assert "/work/" not in cell.source and "../shared" not in cell.source, \
-                f"{name}: a path Colab does not have"
-    client = NotebookClient(nb, timeout=600, kernel_name="python3",
-                            resources={"metadata": {"path": str(NOTEBOOKS)}})
+            assert "/work/" not in cell.source and "../shared" not in cell.source, f"{name}: a path Colab does not have"
+    client = NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}})
     start = time.perf_counter()
     client.execute()
     seconds = time.perf_counter() - start

@@ -13,17 +13,17 @@ import sys
 from pathlib import Path
 
 import jax
+import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
-
-import numpy as np
 
 from specjax import T5Config, T5Model, parallel, temperature_sample
 from specjax.models import t5
 
 HERE = Path(__file__).parent
-TINY = T5Config(vocab_size=64, d_model=32, num_heads=4, head_dim=8, mlp_dim=64, num_encoder_layers=2,
-                num_decoder_layers=2)
+TINY = T5Config(
+    vocab_size=64, d_model=32, num_heads=4, head_dim=8, mlp_dim=64, num_encoder_layers=2, num_decoder_layers=2
+)
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +33,9 @@ def eight_devices() -> dict:
     env.pop("XLA_FLAGS", None)
     env["JAX_PLATFORMS"] = "cpu"
     env["PYTHONPATH"] = str(HERE.parent) + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, str(HERE / "_parallel_check.py")], capture_output=True, text=True,
-                          env=env, timeout=1800)
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "_parallel_check.py")], capture_output=True, text=True, env=env, timeout=1800
+    )
     assert proc.returncode == 0, f"_parallel_check.py failed:\n{proc.stderr[-6000:]}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -123,15 +124,18 @@ def test_parse_mesh():
     assert parallel.parse_mesh("data:8") == {"data": 8, "model": 1}
 
 
-@pytest.mark.parametrize("spec, words", [
-    ("data2,model:4", "cannot read 'data2'"),
-    ("data:2;model:4", "cannot read"),
-    ("", "empty"),
-    ("data:2,tensor:4", "unknown axis 'tensor'"),
-    ("data:2,data:4", "given twice"),
-    ("data:0,model:1", "size 0"),
-    ("data:x", "cannot read"),
-])
+@pytest.mark.parametrize(
+    "spec, words",
+    [
+        ("data2,model:4", "cannot read 'data2'"),
+        ("data:2;model:4", "cannot read"),
+        ("", "empty"),
+        ("data:2,tensor:4", "unknown axis 'tensor'"),
+        ("data:2,data:4", "given twice"),
+        ("data:0,model:1", "size 0"),
+        ("data:x", "cannot read"),
+    ],
+)
 def test_malformed_mesh_is_a_clear_error(spec, words):
     with pytest.raises(ValueError, match="--mesh data:2,model:4") as e:
         parallel.make_mesh(spec)
@@ -195,8 +199,7 @@ def test_rules_map_logical_axes_and_refuse_collisions():
 def test_every_t5_parameter_has_a_rule():
     mesh = parallel.make_mesh(f"data:1,model:{jax.device_count()}")
     shardings = parallel.param_shardings(TINY, mesh)
-    assert len(jax.tree_util.tree_leaves(shardings)) == len(jax.tree_util.tree_leaves(
-        t5.abstract_params(TINY)))
+    assert len(jax.tree_util.tree_leaves(shardings)) == len(jax.tree_util.tree_leaves(t5.abstract_params(TINY)))
 
 
 def test_wrong_function_is_a_clear_error():

@@ -10,8 +10,15 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from specjax.sampling import (Sampler, argmax, accept_or_resample, acceptance_probability, residual, sample_from,
-                              validate_sampling)
+from specjax.sampling import (
+    Sampler,
+    accept_or_resample,
+    acceptance_probability,
+    argmax,
+    residual,
+    sample_from,
+    validate_sampling,
+)
 
 SIGNIFICANCE = 0.001
 
@@ -44,10 +51,10 @@ def test_argmax_equals_numpy_first_index_on_ties_and_nans():
     # rows with tied maxima (first index wins), -inf, a NaN (numpy: the first NaN), shapes [v], [b, v], [b, k, v].
     rng = np.random.default_rng(0)
     x = rng.standard_normal((3, 4, 257)).astype(np.float32)
-    x[0, 1, [5, 77, 200]] = 10.0          # a three-way tie: 5
-    x[1, 2, :] = -np.inf                   # all -inf: 0
-    x[2, 0, [9, 30]] = np.nan              # NaNs: the first NaN, 9
-    x[2, 3, -1] = np.float32(3e38)         # the last index
+    x[0, 1, [5, 77, 200]] = 10.0  # a three-way tie: 5
+    x[1, 2, :] = -np.inf  # all -inf: 0
+    x[2, 0, [9, 30]] = np.nan  # NaNs: the first NaN, 9
+    x[2, 3, -1] = np.float32(3e38)  # the last index
     for arr in (x, x[0], x[1, 2]):
         got = np.asarray(jax.jit(argmax)(jnp.asarray(arr)))
         np.testing.assert_array_equal(got, np.argmax(arr, axis=-1))
@@ -77,8 +84,7 @@ def test_top_p_keeps_the_smallest_set_reaching_the_mass():
     # 0.5 < 0.6 -> also 0.3 (mass 0.8 >= 0.6); stop.
     np.testing.assert_allclose(Sampler(1.0, top_p=0.6).probs(logits)[0], [0.625, 0.375, 0, 0], rtol=1e-5)
     np.testing.assert_allclose(Sampler(1.0, top_p=0.5).probs(logits)[0], [1, 0, 0, 0], rtol=1e-6)
-    np.testing.assert_allclose(Sampler(1.0, top_p=0.81).probs(logits)[0],
-                               np.append(base[:3] / 0.95, 0), rtol=1e-5)
+    np.testing.assert_allclose(Sampler(1.0, top_p=0.81).probs(logits)[0], np.append(base[:3] / 0.95, 0), rtol=1e-5)
     np.testing.assert_allclose(Sampler(1.0, top_p=1.0).probs(logits)[0], base, rtol=1e-5)
 
 
@@ -91,9 +97,18 @@ def test_residual_and_acceptance_probability():
     np.testing.assert_allclose(acceptance_probability(p, q), [0.4, 1.0, 0.5, 1.0])
 
 
-@pytest.mark.parametrize("kwargs", [
-    dict(temperature=-0.1), dict(temperature=float("nan")), dict(top_k=-1), dict(top_k=1.5),
-    dict(top_p=0.0), dict(top_p=1.01), dict(top_p=-0.5)])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(temperature=-0.1),
+        dict(temperature=float("nan")),
+        dict(top_k=-1),
+        dict(top_k=1.5),
+        dict(top_p=0.0),
+        dict(top_p=1.01),
+        dict(top_p=-0.5),
+    ],
+)
 def test_bad_settings_raise(kwargs):
     settings = dict(temperature=1.0, top_k=0, top_p=1.0) | kwargs
     name = next(iter(kwargs))
@@ -110,9 +125,12 @@ def test_bad_settings_raise(kwargs):
 def _pairs():
     """(p, q) pairs over small vocabularies, some with zeros (top-k warped), as float32 numpy."""
     out = []
-    for seed, vocab, p_warp, q_warp in [(0, 5, Sampler(), Sampler()), (1, 8, Sampler(1.0, 4), Sampler(0.7)),
-                                        (2, 6, Sampler(0.8), Sampler(1.0, 0, 0.7)),
-                                        (3, 3, Sampler(), Sampler(2.0))]:
+    for seed, vocab, p_warp, q_warp in [
+        (0, 5, Sampler(), Sampler()),
+        (1, 8, Sampler(1.0, 4), Sampler(0.7)),
+        (2, 6, Sampler(0.8), Sampler(1.0, 0, 0.7)),
+        (3, 3, Sampler(), Sampler(2.0)),
+    ]:
         lp, lq = _random_logits(seed, (2, vocab))
         out.append((np.asarray(p_warp.probs(lp)), np.asarray(q_warp.probs(lq))))
     return out
@@ -132,11 +150,13 @@ def test_one_step_distribution_is_exactly_q(pair):
 @jax.jit
 def _first_emitted_tokens(keys, p, q, q_bonus):
     """For each key: draw x ~ p, run the gamma = 1 verification, return the first emitted token."""
+
     def one(key):
         key_draft, key_verify = jax.random.split(key)
         x = sample_from(key_draft, p)
         num_accepted, next_token = accept_or_resample(key_verify, x[None], p[None], jnp.stack([q, q_bonus]))
         return jnp.where(num_accepted == 1, x, next_token)
+
     return jax.vmap(one)(keys)
 
 
@@ -162,8 +182,9 @@ def test_greedy_verification_accepts_while_argmax_matches():
     p = jax.nn.one_hot(jnp.array([2, 3, 1]), v)
     a, t = accept_or_resample(jax.random.PRNGKey(0), jnp.array([2, 3, 1]), p, q, greedy=True)
     assert (int(a), int(t)) == (2, 4)
-    a, t = accept_or_resample(jax.random.PRNGKey(0), jnp.array([2, 3, 4]), jax.nn.one_hot(
-        jnp.array([2, 3, 4]), v), q, greedy=True)
+    a, t = accept_or_resample(
+        jax.random.PRNGKey(0), jnp.array([2, 3, 4]), jax.nn.one_hot(jnp.array([2, 3, 4]), v), q, greedy=True
+    )
     assert (int(a), int(t)) == (3, 0)  # all accepted: the bonus argmax
     # The stochastic rule with one-hot p and q gives the same answer.
     a, t = accept_or_resample(jax.random.PRNGKey(0), jnp.array([2, 3, 1]), p, q, greedy=False)

@@ -29,8 +29,18 @@ def _select_layers_module():
 
 
 def _deep_model() -> T5Model:
-    config = T5Config(vocab_size=64, d_model=32, num_heads=2, head_dim=16, mlp_dim=64, num_encoder_layers=2,
-                      num_decoder_layers=4, gated_gelu=True, logits_via_embedding=False, name="deep")
+    config = T5Config(
+        vocab_size=64,
+        d_model=32,
+        num_heads=2,
+        head_dim=16,
+        mlp_dim=64,
+        num_encoder_layers=2,
+        num_decoder_layers=4,
+        gated_gelu=True,
+        logits_via_embedding=False,
+        name="deep",
+    )
     model = T5Model.random(config, seed=3)
     flat = traverse_util.flatten_dict(model.params, sep="/")
     for layer in (1, 2):

@@ -38,17 +38,26 @@ def _seqio():
 
 
 def test_import_specjax_loads_neither_tensorflow_nor_torch():
-    code = ("import specjax, sys; specjax.seqio_decode; "
-            "assert 'tensorflow' not in sys.modules and 'torch' not in sys.modules, "
-            "sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'torch', 'seqio'))")
+    code = (
+        "import specjax, sys; specjax.seqio_decode; "
+        "assert 'tensorflow' not in sys.modules and 'torch' not in sys.modules, "
+        "sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'torch', 'seqio'))"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
 
 
 # ---------------------------------------------------------------------------------------------- tokenizer
 
-TEXTS = ["Hello world.", "A man in a blue shirt is riding a bicycle down the street.",
-         "Zwei Männer unterhalten sich über Äpfel und Öl.", "translate English to German: That is good.",
-         "Fill <extra_id_0> the blank <extra_id_1>.", "  spaces   and\ttabs ", "", "1,234.5 €"]
+TEXTS = [
+    "Hello world.",
+    "A man in a blue shirt is riding a bicycle down the street.",
+    "Zwei Männer unterhalten sich über Äpfel und Öl.",
+    "translate English to German: That is good.",
+    "Fill <extra_id_0> the blank <extra_id_1>.",
+    "  spaces   and\ttabs ",
+    "",
+    "1,234.5 €",
+]
 
 
 @pytest.mark.parametrize("which", ["t5", "default_pair", "t5_forward_extra_ids"])
@@ -61,8 +70,7 @@ def test_tokenizer_from_seqio_matches_seqio(which, spiece_model):
     if which == "default_pair":
         vocab = seqio.SentencePieceVocabulary(str(DEFAULT_PAIR / "spiece.model"), extra_ids=0)
     else:
-        vocab = seqio.SentencePieceVocabulary(str(spiece_model), extra_ids=100,
-                                              reverse_extra_ids=(which == "t5"))
+        vocab = seqio.SentencePieceVocabulary(str(spiece_model), extra_ids=100, reverse_extra_ids=(which == "t5"))
     tok = Tokenizer.from_seqio(vocab)
     assert as_tokenizer(vocab).same_vocabulary(tok)
     assert tok.vocab_size == vocab.vocab_size == (8000 if which == "default_pair" else 32100)
@@ -82,7 +90,9 @@ def test_tokenizer_from_seqio_matches_seqio(which, spiece_model):
         ids.insert(int(rng.integers(0, 12)), vocab.eos_id)  # both stop at EOS
         assert tok.decode(ids) == vocab.decode(ids)
     # ids past the vocabulary (a 32128-row model's last 28): unk, as seqio decodes them
-    assert tok.decode([100, tok.vocab_size + 3, 200], out_of_range="unk") == vocab.decode([100, tok.vocab_size + 3, 200])
+    assert tok.decode([100, tok.vocab_size + 3, 200], out_of_range="unk") == vocab.decode(
+        [100, tok.vocab_size + 3, 200]
+    )
 
 
 def test_tokenizer_from_seqio_refuses_other_vocabularies():
@@ -95,7 +105,7 @@ def test_tokenizer_from_seqio_refuses_other_vocabularies():
 
 # ---------------------------------------------------------------------------------------------- the Task
 
-TASKS_MODULE = '''
+TASKS_MODULE = """
 import seqio, sacrebleu, tensorflow as tf
 
 EN, DE, N = {en!r}, {de!r}, {n}
@@ -120,7 +130,7 @@ def register(name, spiece, extra_ids):
 
 register({task!r}, {pair_spiece!r}, 0)
 register({t5_task!r}, {t5_spiece!r}, 100)
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -131,9 +141,17 @@ def tasks_module(tmp_path_factory, data_dir):
 
     en = data_dir / "train" / "multi30k" / "test_2016_flickr.en"
     path = tmp_path_factory.mktemp("seqio") / "my_tasks.py"
-    path.write_text(TASKS_MODULE.format(en=str(en), de=str(en.with_suffix(".de")), n=N_LINES, task=TASK,
-                                        t5_task=T5_TASK, pair_spiece=str(DEFAULT_PAIR / "spiece.model"),
-                                        t5_spiece=str(data_dir / "tokenizer" / "t5" / "spiece.model")))
+    path.write_text(
+        TASKS_MODULE.format(
+            en=str(en),
+            de=str(en.with_suffix(".de")),
+            n=N_LINES,
+            task=TASK,
+            t5_task=T5_TASK,
+            pair_spiece=str(DEFAULT_PAIR / "spiece.model"),
+            t5_spiece=str(data_dir / "tokenizer" / "t5" / "spiece.model"),
+        )
+    )
     import_task_module(str(path))
     return path
 
@@ -141,6 +159,7 @@ def tasks_module(tmp_path_factory, data_dir):
 @pytest.fixture(scope="module")
 def pair():
     import specjax
+
     return specjax.load_default_pair(size="mini")
 
 
@@ -150,19 +169,43 @@ def plain_generate(tmp_path_factory, data_dir):
     d = tmp_path_factory.mktemp("plain")
     lines = (data_dir / "train" / "multi30k" / "test_2016_flickr.en").read_text().splitlines()[:N_LINES]
     (d / "in.en").write_text("\n".join(lines) + "\n")
-    assert main(["generate", "--size", "mini", "--input", str(d / "in.en"), "--output", str(d / "out.de"), "--batch-size", "4",
-                 "--max-decode-length", "24", "--gamma", "3", "--temperature", "1", "--seed", "3"]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                "--size",
+                "mini",
+                "--input",
+                str(d / "in.en"),
+                "--output",
+                str(d / "out.de"),
+                "--batch-size",
+                "4",
+                "--max-decode-length",
+                "24",
+                "--gamma",
+                "3",
+                "--temperature",
+                "1",
+                "--seed",
+                "3",
+            ]
+        )
+        == 0
+    )
     return (d / "out.de").read_text().splitlines()
 
 
 def test_seqio_decode_equals_plain_generate(tasks_module, pair, plain_generate, data_dir):
     import sacrebleu
+
     import specjax
 
     target, draft, tok = pair
     refs = (data_dir / "train" / "multi30k" / "test_2016_flickr.de").read_text().splitlines()[:N_LINES]
-    r = specjax.seqio_decode(TASK, "test", target, draft, tokenizer=tok, batch_size=4, max_decode_length=24,
-                             gamma=3, temperature=1.0, seed=3)
+    r = specjax.seqio_decode(
+        TASK, "test", target, draft, tokenizer=tok, batch_size=4, max_decode_length=24, gamma=3, temperature=1.0, seed=3
+    )
     assert r.predictions == plain_generate
     assert len(r.tokens) == N_LINES and all(t[-1] == tok.eos_id or len(t) == 24 for t in r.tokens)
     assert r.metrics["bleu"] == pytest.approx(sacrebleu.corpus_bleu(plain_generate, [refs]).score, abs=1e-9)
@@ -176,11 +219,38 @@ def test_generate_seqio_task_cli_and_resume(tasks_module, pair, tmp_path, capsys
     import specjax
 
     target, draft, tok = pair
-    ref = specjax.seqio_decode(TASK, "test", target, draft, tokenizer=tok, batch_size=4, max_decode_length=24,
-                               gamma=3, temperature=0.0, compare_baseline=False)
+    ref = specjax.seqio_decode(
+        TASK,
+        "test",
+        target,
+        draft,
+        tokenizer=tok,
+        batch_size=4,
+        max_decode_length=24,
+        gamma=3,
+        temperature=0.0,
+        compare_baseline=False,
+    )
     out = tmp_path / "pred.de"
-    argv = ["generate", "--size", "mini", "--seqio-task", TASK, "--seqio-module", str(tasks_module),
-            "--split", "test", "--output", str(out), "--batch-size", "4", "--max-decode-length", "24", "--gamma", "3"]
+    argv = [
+        "generate",
+        "--size",
+        "mini",
+        "--seqio-task",
+        TASK,
+        "--seqio-module",
+        str(tasks_module),
+        "--split",
+        "test",
+        "--output",
+        str(out),
+        "--batch-size",
+        "4",
+        "--max-decode-length",
+        "24",
+        "--gamma",
+        "3",
+    ]
     capsys.readouterr()
     assert main(argv) == 0
     printed = capsys.readouterr().out

@@ -77,6 +77,10 @@ def test_missing_model_file(tmp_path):
 def test_matches_transformers_t5_tokenizer(tok, spiece_model):
     transformers = pytest.importorskip("transformers")
     hf = transformers.AutoTokenizer.from_pretrained(str(spiece_model.parent))
-    for text in [REFERENCE, "I like <extra_id_0> sandwiches", "Übermäßig   viele Leerzeichen!\n neue Zeile",
-                 "café 🎉 naïve 1,234.5"]:
+    for text in [
+        REFERENCE,
+        "I like <extra_id_0> sandwiches",
+        "Übermäßig   viele Leerzeichen!\n neue Zeile",
+        "café 🎉 naïve 1,234.5",
+    ]:
         assert tok.encode(text) == hf(text).input_ids, text

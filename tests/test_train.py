@@ -20,17 +20,34 @@ def vocab500(tmp_path_factory, data_dir):
     per module: runs that pass it with --vocab skip the 10–20 s SentencePiece training, which is deterministic,
     so they tokenize exactly as a run that trains its own."""
     d = data_dir / "train" / "multi30k"
-    return tr.train_sentencepiece([d / "train.en", d / "train.de"], tmp_path_factory.mktemp("vocab") / "spiece",
-                                  500)
+    return tr.train_sentencepiece([d / "train.en", d / "train.de"], tmp_path_factory.mktemp("vocab") / "spiece", 500)
 
 
 def _run(tmp_path, name, steps, data_dir, extra=(), vocab=None):
     """``specjax train`` of the mini draft on 600 Multi30k pairs; trains its vocabulary unless ``vocab``."""
     d = data_dir / "train" / "multi30k"
     vocab_args = ("--vocab", str(vocab)) if vocab else ("--vocab-size", "500")
-    args = ["train", "--run-dir", str(tmp_path / name), "--model", "draft", "--source", str(d / "train.en"),
-            "--target-text", str(d / "train.de"), *vocab_args, "--max-examples", "600",
-            "--tokens-per-batch", "256", "--steps", str(steps), "--seed", "3", *extra]
+    args = [
+        "train",
+        "--run-dir",
+        str(tmp_path / name),
+        "--model",
+        "draft",
+        "--source",
+        str(d / "train.en"),
+        "--target-text",
+        str(d / "train.de"),
+        *vocab_args,
+        "--max-examples",
+        "600",
+        "--tokens-per-batch",
+        "256",
+        "--steps",
+        str(steps),
+        "--seed",
+        "3",
+        *extra,
+    ]
     assert main(args) == 0
     return serialization.msgpack_restore((tmp_path / name / "state.msgpack").read_bytes())
 
@@ -47,8 +64,7 @@ def test_train_is_deterministic_and_resumable(tmp_path, data_dir):
     for a, b in zip(jax_leaves(snap4), jax_leaves(straight["params"])):
         np.testing.assert_array_equal(a, b)
     without = _run(tmp_path, "n", 4, data_dir, vocab=vocab)  # dropout off: a different (deterministic) trajectory
-    assert any(not np.array_equal(a, b) for a, b in zip(jax_leaves(without["params"]),
-                                                         jax_leaves(straight["params"])))
+    assert any(not np.array_equal(a, b) for a, b in zip(jax_leaves(without["params"]), jax_leaves(straight["params"])))
     assert int(straight["step"]) == int(resumed["step"]) == 4
     flat_a = jax_leaves(straight["params"])
     flat_b = jax_leaves(resumed["params"])
@@ -115,22 +131,65 @@ def test_train_refuses_bad_input(tmp_path, data_dir, capsys):
     with pytest.raises(ValueError, match="objective"):
         tr.TrainConfig(objective="magic")
     d = data_dir / "train" / "multi30k"
-    code = main(["train", "--run-dir", str(tmp_path / "c"), "--model", "draft", "--source", str(d / "train.en"),
-                 "--target-text", str(d / "train.de"), "--vocab-size", "500", "--max-examples", "50",
-                 "--objective", "distill"])
+    code = main(
+        [
+            "train",
+            "--run-dir",
+            str(tmp_path / "c"),
+            "--model",
+            "draft",
+            "--source",
+            str(d / "train.en"),
+            "--target-text",
+            str(d / "train.de"),
+            "--vocab-size",
+            "500",
+            "--max-examples",
+            "50",
+            "--objective",
+            "distill",
+        ]
+    )
     assert code == 2
     assert "--teacher" in capsys.readouterr().err
     assert not (tmp_path / "c").exists()  # the failed run left no half-written directory behind
-    code = main(["train", "--run-dir", str(tmp_path / "d"), "--model", "draft", "--source", str(d / "train.en"),
-                 "--target-text", str(d / "train.de"), "--vocab-size", "500", "--max-examples", "600",
-                 "--tokens-per-batch", "1000000"])
+    code = main(
+        [
+            "train",
+            "--run-dir",
+            str(tmp_path / "d"),
+            "--model",
+            "draft",
+            "--source",
+            str(d / "train.en"),
+            "--target-text",
+            str(d / "train.de"),
+            "--vocab-size",
+            "500",
+            "--max-examples",
+            "600",
+            "--tokens-per-batch",
+            "1000000",
+        ]
+    )
     assert code == 2
     assert "lower --tokens-per-batch" in capsys.readouterr().err
     assert not (tmp_path / "d").exists()
     # A missing text file without --vocab: named before the vocabulary would be trained on it.
     for flag, other in (("--source", "--target-text"), ("--target-text", "--source")):
-        code = main(["train", "--run-dir", str(tmp_path / "s"), "--model", "draft", flag, str(tmp_path / "no.txt"),
-                     other, str(d / "train.de")])
+        code = main(
+            [
+                "train",
+                "--run-dir",
+                str(tmp_path / "s"),
+                "--model",
+                "draft",
+                flag,
+                str(tmp_path / "no.txt"),
+                other,
+                str(d / "train.de"),
+            ]
+        )
         assert code == 2
         err = capsys.readouterr().err
         assert f"{flag} {tmp_path / 'no.txt'} does not exist" in err and "Traceback" not in err
@@ -179,8 +238,9 @@ def test_logits_with_dropout_are_random_only_in_training():
     from specjax.config import T5Config
     from specjax.models import t5
 
-    cfg = T5Config(vocab_size=50, d_model=16, num_heads=2, head_dim=8, mlp_dim=32, num_encoder_layers=1,
-                   num_decoder_layers=1)
+    cfg = T5Config(
+        vocab_size=50, d_model=16, num_heads=2, head_dim=8, mlp_dim=32, num_encoder_layers=1, num_decoder_layers=1
+    )
     params = t5.init_params(cfg, 0)
     enc = np.array([[5, 6, 7, 1]], np.int32)
     dec = np.array([[0, 8, 9]], np.int32)
@@ -201,8 +261,15 @@ def test_model_config_json_sets_the_size(tmp_path, data_dir, capsys, vocab500):
     from specjax.cli.train import load_model_config
     from specjax.config import T5Config
 
-    fields = {"d_model": 24, "num_heads": 3, "head_dim": 8, "mlp_dim": 40, "num_encoder_layers": 1,
-              "num_decoder_layers": 2, "name": "probe"}
+    fields = {
+        "d_model": 24,
+        "num_heads": 3,
+        "head_dim": 8,
+        "mlp_dim": 40,
+        "num_encoder_layers": 1,
+        "num_decoder_layers": 2,
+        "name": "probe",
+    }
     (tmp_path / "size.json").write_text(json.dumps(fields))
     _run(tmp_path, "m", 1, data_dir, ("--model-config", str(tmp_path / "size.json")), vocab=vocab500)
     saved = json.loads((tmp_path / "m" / "config.json").read_text())["model"]
@@ -217,9 +284,23 @@ def test_model_config_json_sets_the_size(tmp_path, data_dir, capsys, vocab500):
     assert load_model_config(tmp_path / "hf.json").replace(name="probe") == cfg
     (tmp_path / "bad.json").write_text(json.dumps({"d_model": 24, "layers": 3}))
     d = data_dir / "train" / "multi30k"
-    code = main(["train", "--run-dir", str(tmp_path / "e"), "--model-config", str(tmp_path / "bad.json"),
-                 "--source", str(d / "train.en"), "--target-text", str(d / "train.de"), "--vocab-size", "500",
-                 "--max-examples", "600"])
+    code = main(
+        [
+            "train",
+            "--run-dir",
+            str(tmp_path / "e"),
+            "--model-config",
+            str(tmp_path / "bad.json"),
+            "--source",
+            str(d / "train.en"),
+            "--target-text",
+            str(d / "train.de"),
+            "--vocab-size",
+            "500",
+            "--max-examples",
+            "600",
+        ]
+    )
     assert code == 2
     assert "layers" in capsys.readouterr().err and not (tmp_path / "e").exists()
 
@@ -235,12 +316,37 @@ def test_sigterm_keeps_the_trained_steps(tmp_path, data_dir, vocab500):
 
     d = data_dir / "train" / "multi30k"
     run = tmp_path / "t"
-    cmd = [sys.executable, "-m", "specjax", "train", "--run-dir", str(run), "--model", "draft", "--source",
-           str(d / "train.en"), "--target-text", str(d / "train.de"), "--vocab", str(vocab500), "--max-examples",
-           "600", "--tokens-per-batch", "256", "--steps", "100000", "--seed", "3", "--snapshot-every", "1",
-           "--save-every", "10000"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "specjax",
+        "train",
+        "--run-dir",
+        str(run),
+        "--model",
+        "draft",
+        "--source",
+        str(d / "train.en"),
+        "--target-text",
+        str(d / "train.de"),
+        "--vocab",
+        str(vocab500),
+        "--max-examples",
+        "600",
+        "--tokens-per-batch",
+        "256",
+        "--steps",
+        "100000",
+        "--seed",
+        "3",
+        "--snapshot-every",
+        "1",
+        "--save-every",
+        "10000",
+    ]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"}
+    )
     try:
         deadline = time.time() + 600
         while not (run / "snapshots" / "step_1.msgpack").exists():
@@ -274,10 +380,15 @@ def test_resume_from_parameters_alone_continues_the_schedule_with_a_rewarm(tmp_p
     sched_args = ("--warmup-steps", "1", "--learning-rate", "1e-3")
     a = _run(tmp_path, "a", 2, data_dir, sched_args, vocab=vocab500)
     config = T5Config(**json.loads((tmp_path / "a" / "config.json").read_text())["model"])
-    save_checkpoint(T5Model(config, jax.tree_util.tree_map(np.asarray, a["params"])), tmp_path / "p",
-                    format="hf")
-    b = _run(tmp_path, "b", 3, data_dir, (*sched_args, "--init-from", str(tmp_path / "p"), "--start-step", "2",
-                                          "--compute-dtype", "bfloat16"), vocab=vocab500)
+    save_checkpoint(T5Model(config, jax.tree_util.tree_map(np.asarray, a["params"])), tmp_path / "p", format="hf")
+    b = _run(
+        tmp_path,
+        "b",
+        3,
+        data_dir,
+        (*sched_args, "--init-from", str(tmp_path / "p"), "--start-step", "2", "--compute-dtype", "bfloat16"),
+        vocab=vocab500,
+    )
     assert int(b["step"]) == 3
     counts = [int(x) for x in jax.tree_util.tree_leaves(b["opt_state"]) if np.ndim(x) == 0]
     assert sorted(counts) == [1, 3]  # Adam's own count started again; the schedule's continued from 2
@@ -298,8 +409,15 @@ def test_start_step_needs_init_from(tmp_path):
 
     src = tgt = [np.arange(2, 12, dtype=np.int32)] * 40
     with pytest.raises(ValueError, match="--init-from"):
-        tr.train(_model_sizes()["draft"], tr.TrainConfig(num_steps=4, tokens_per_batch=256), src, tgt,
-                 tmp_path / "r", start_step=2, progress=False)
+        tr.train(
+            _model_sizes()["draft"],
+            tr.TrainConfig(num_steps=4, tokens_per_batch=256),
+            src,
+            tgt,
+            tmp_path / "r",
+            start_step=2,
+            progress=False,
+        )
 
 
 def test_cached_teacher_log_probs_equal_the_teachers_own_and_the_same_distill_loss(tmp_path):
@@ -308,7 +426,6 @@ def test_cached_teacher_log_probs_equal_the_teachers_own_and_the_same_distill_lo
     log-probabilities down to ~-10), and one distill step from the cache gives the loss of one step that runs
     the teacher, to 1e-3 relative."""
     import jax
-    import jax.numpy as jnp
 
     from specjax.cli.train import _model_sizes
     from specjax.models import t5
@@ -319,13 +436,13 @@ def test_cached_teacher_log_probs_equal_the_teachers_own_and_the_same_distill_lo
     rng = np.random.default_rng(0)
     src = [rng.integers(2, 300, rng.integers(3, 20)).astype(np.int32) for _ in range(70)]
     tgt = [rng.integers(2, 300, rng.integers(3, 30)).astype(np.int32) for _ in range(70)]
-    lp, offsets = tr.teacher_log_probs(teacher, src, tgt, tmp_path / "t.f16", tokens_per_batch=256,
-                                       progress=False)
+    lp, offsets = tr.teacher_log_probs(teacher, src, tgt, tmp_path / "t.f16", tokens_per_batch=256, progress=False)
     assert lp.shape == (sum(len(t) for t in tgt), 300) and offsets[-1] == lp.shape[0]
     for i in (0, 13, 69):
         ref = jax.nn.log_softmax(t5.logits(config, teacher.params, src[i][None], tr.shift_right(tgt[i][None])))[0]
-        np.testing.assert_allclose(lp[offsets[i]:offsets[i + 1]].astype(np.float32), np.asarray(ref),
-                                   atol=2e-2, rtol=0)
+        np.testing.assert_allclose(
+            lp[offsets[i] : offsets[i + 1]].astype(np.float32), np.asarray(ref), atol=2e-2, rtol=0
+        )
     losses = {}
     for cache in (True, False):
         tc = tr.TrainConfig(objective="distill", num_steps=1, tokens_per_batch=256, cache_teacher=cache)
@@ -361,7 +478,7 @@ def test_bfloat16_matmul_equals_the_plain_einsum_forward_and_backward():
     refs = jax.jit(jax.grad(loss(plain), (0, 1)))(x, w)
     for a, b in [(got, want), *zip(grads, refs)]:
         a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
-        np.testing.assert_allclose(a, b, rtol=2 ** -7, atol=1e-6)
+        np.testing.assert_allclose(a, b, rtol=2**-7, atol=1e-6)
         assert np.mean(a == b) > 0.9
     assert [g.dtype for g in grads] == [jnp.bfloat16, jnp.bfloat16]
     x32 = jnp.asarray(rng.standard_normal((2, 64)), jnp.float32)
@@ -373,10 +490,13 @@ def test_embedding_lr_multiplier_scales_the_embeddings_adamw_step_alone():
     learning rate and so its decoupled weight decay, PyTorch's param-group semantics), every other parameter's
     is plain AdamW's, checked over three steps against an independent NumPy AdamW."""
     rng = np.random.default_rng(0)
-    params = {"token_embedder": {"embedding": rng.normal(size=(6, 4)).astype(np.float32)},
-              "decoder": {"logits_dense": {"kernel": (0.1 * rng.normal(size=(4, 6))).astype(np.float32)}}}
-    grads = [jax.tree_util.tree_map(lambda v: (0.01 * rng.normal(size=v.shape)).astype(np.float32), params)
-             for _ in range(3)]
+    params = {
+        "token_embedder": {"embedding": rng.normal(size=(6, 4)).astype(np.float32)},
+        "decoder": {"logits_dense": {"kernel": (0.1 * rng.normal(size=(4, 6))).astype(np.float32)}},
+    }
+    grads = [
+        jax.tree_util.tree_map(lambda v: (0.01 * rng.normal(size=v.shape)).astype(np.float32), params) for _ in range(3)
+    ]
     base = dict(learning_rate=1e-2, warmup_steps=1, num_steps=10, weight_decay=0.1)
 
     def run(k):
@@ -394,7 +514,7 @@ def test_embedding_lr_multiplier_scales_the_embeddings_adamw_step_alone():
         for t, g in enumerate(gs, start=1):
             lr = lr_mult * float(tr.optax.warmup_cosine_decay_schedule(0.0, 1e-2, 1, 10, end_value=1e-3)(t - 1))
             m, v = 0.9 * m + 0.1 * g, 0.98 * v + 0.02 * g * g
-            u = -lr * ((m / (1 - 0.9 ** t)) / (np.sqrt(v / (1 - 0.98 ** t)) + 1e-8) + 0.1 * x)
+            u = -lr * ((m / (1 - 0.9**t)) / (np.sqrt(v / (1 - 0.98**t)) + 1e-8) + 0.1 * x)
             out.append(u)
             x = x + u
         return out
@@ -404,7 +524,7 @@ def test_embedding_lr_multiplier_scales_the_embeddings_adamw_step_alone():
         emb = [g["token_embedder"]["embedding"] for g in grads]
         ker = [g["decoder"]["logits_dense"]["kernel"] for g in grads]
         # global norms stay below 1 here, so the clip is the identity
-        assert all(np.sqrt(sum(float(np.sum(a ** 2)) for a in jax.tree_util.tree_leaves(g))) < 1 for g in grads)
+        assert all(np.sqrt(sum(float(np.sum(a**2)) for a in jax.tree_util.tree_leaves(g))) < 1 for g in grads)
         want_emb = numpy_adamw(params["token_embedder"]["embedding"], emb, k)
         want_ker = numpy_adamw(params["decoder"]["logits_dense"]["kernel"], ker, 1.0)
         for u, we, wk in zip(got, want_emb, want_ker):
@@ -421,14 +541,19 @@ def test_adafactor_matches_shazeer_and_sterns_algorithm_in_numpy():
     are >= 128, a full one otherwise) with t5x's settings (no momentum, no global-norm clip), plus the
     decoupled weight decay -ρ_t · wd · x and the same warmup-cosine schedule as AdamW."""
     rng = np.random.default_rng(1)
-    params = {"a": {"kernel": (0.04 * rng.normal(size=(128, 136))).astype(np.float32)},
-              "b": {"scale": (1.0 + 0.1 * rng.normal(size=(6,))).astype(np.float32)},
-              "c": {"kernel": (0.0005 * rng.normal(size=(4, 6))).astype(np.float32)}}  # RMS below ε2
-    grads = [jax.tree_util.tree_map(lambda v: (rng.normal(size=v.shape) * rng.uniform(0.01, 3)).astype(np.float32),
-                                    params) for _ in range(3)]
+    params = {
+        "a": {"kernel": (0.04 * rng.normal(size=(128, 136))).astype(np.float32)},
+        "b": {"scale": (1.0 + 0.1 * rng.normal(size=(6,))).astype(np.float32)},
+        "c": {"kernel": (0.0005 * rng.normal(size=(4, 6))).astype(np.float32)},
+    }  # RMS below ε2
+    grads = [
+        jax.tree_util.tree_map(lambda v: (rng.normal(size=v.shape) * rng.uniform(0.01, 3)).astype(np.float32), params)
+        for _ in range(3)
+    ]
     wd = 0.1
-    opt = tr._optimizer(tr.TrainConfig(learning_rate=1e-2, warmup_steps=1, num_steps=10, weight_decay=wd,
-                                       optimizer="adafactor"))
+    opt = tr._optimizer(
+        tr.TrainConfig(learning_rate=1e-2, warmup_steps=1, num_steps=10, weight_decay=wd, optimizer="adafactor")
+    )
     p, state, got = params, opt.init(params), []
     for g in grads:
         u, state = opt.update(g, state, p)
@@ -442,7 +567,7 @@ def test_adafactor_matches_shazeer_and_sterns_algorithm_in_numpy():
         out = []
         for t, g in enumerate(gs, start=1):
             g = g.astype(np.float64)
-            beta = 1.0 - t ** -0.8
+            beta = 1.0 - t**-0.8
             g2 = g * g + 1e-30
             if factored:
                 vr = beta * vr + (1 - beta) * g2.mean(axis=1)
@@ -470,9 +595,31 @@ def test_adafactor_matches_shazeer_and_sterns_algorithm_in_numpy():
 def test_resuming_with_another_optimizer_is_refused(tmp_path, data_dir, vocab500, capsys):
     _run(tmp_path, "r", 2, data_dir, vocab=vocab500)
     d = data_dir / "train" / "multi30k"
-    code = main(["train", "--run-dir", str(tmp_path / "r"), "--model", "draft", "--source", str(d / "train.en"),
-                 "--target-text", str(d / "train.de"), "--vocab", str(vocab500), "--max-examples", "600",
-                 "--tokens-per-batch", "256", "--steps", "4", "--seed", "3", "--optimizer", "adafactor"])
+    code = main(
+        [
+            "train",
+            "--run-dir",
+            str(tmp_path / "r"),
+            "--model",
+            "draft",
+            "--source",
+            str(d / "train.en"),
+            "--target-text",
+            str(d / "train.de"),
+            "--vocab",
+            str(vocab500),
+            "--max-examples",
+            "600",
+            "--tokens-per-batch",
+            "256",
+            "--steps",
+            "4",
+            "--seed",
+            "3",
+            "--optimizer",
+            "adafactor",
+        ]
+    )
     assert code == 2
     err = capsys.readouterr().err
     assert "--optimizer adamw" in err and "Traceback" not in err
@@ -492,16 +639,18 @@ def test_t5x_dropout_style_draws_t5xs_masks_in_t5xs_places():
     from specjax.config import T5Config
     from specjax.models import t5
 
-    cfg = T5Config(vocab_size=50, d_model=16, num_heads=2, head_dim=8, mlp_dim=24, num_encoder_layers=2,
-                   num_decoder_layers=1)
+    cfg = T5Config(
+        vocab_size=50, d_model=16, num_heads=2, head_dim=8, mlp_dim=24, num_encoder_layers=2, num_decoder_layers=1
+    )
     params = t5.init_params(cfg, 0)
     b, s, t = 3, 5, 4
     enc = np.tile(np.array([[5, 6, 7, 8, 1]], np.int32), (b, 1))
     dec = np.tile(np.array([[0, 8, 9, 10]], np.int32), (b, 1))
 
     def mask_shapes(style):
-        jaxpr = jax.make_jaxpr(lambda p, key: t5.logits(cfg, p, enc, dec, dropout_rate=0.2, dropout_rng=key,
-                                                        dropout_style=style))(params, jax.random.PRNGKey(0))
+        jaxpr = jax.make_jaxpr(
+            lambda p, key: t5.logits(cfg, p, enc, dec, dropout_rate=0.2, dropout_rng=key, dropout_style=style)
+        )(params, jax.random.PRNGKey(0))
         shapes = []
 
         def walk(jp):
@@ -509,25 +658,31 @@ def test_t5x_dropout_style_draws_t5xs_masks_in_t5xs_places():
                 if eqn.primitive.name == "rng_bit_generator":
                     shapes.append(tuple(eqn.outvars[1].aval.shape))
                 for v in eqn.params.values():  # sub-programs: jit (ClosedJaxpr), custom_vjp, ...
-                    for sub in (v if isinstance(v, (tuple, list)) else (v,)):
+                    for sub in v if isinstance(v, (tuple, list)) else (v,):
                         if hasattr(sub, "eqns"):
                             walk(sub)
                         elif hasattr(sub, "jaxpr") and hasattr(sub.jaxpr, "eqns"):
                             walk(sub.jaxpr)
+
         walk(jaxpr.jaxpr)
         return sorted(shapes)
 
     d, n, m = cfg.d_model, cfg.num_heads, cfg.mlp_dim
     # encoder: embedding, 2 × (attention out, mlp out), final norm; decoder: embedding, 3 sub-layers, final norm
     assert mask_shapes("sublayers") == sorted([(b, s, d)] * 6 + [(b, t, d)] * 5)
-    want = ([(b, 1, d)] * 5 + [(b, s, d)]  # encoder: embedding + 4 sub-layer outputs shared; final independent
-            + [(b, n, 1, s)] * 2 + [(b, 1, m)] * 2  # encoder: attention weights, MLP hidden, per layer
-            + [(b, 1, d)] * 5  # decoder: embedding, 3 sub-layer outputs, final norm
-            + [(b, n, 1, t), (b, n, 1, s), (b, 1, m)])  # decoder: self and cross attention weights, MLP hidden
+    want = (
+        [(b, 1, d)] * 5
+        + [(b, s, d)]  # encoder: embedding + 4 sub-layer outputs shared; final independent
+        + [(b, n, 1, s)] * 2
+        + [(b, 1, m)] * 2  # encoder: attention weights, MLP hidden, per layer
+        + [(b, 1, d)] * 5  # decoder: embedding, 3 sub-layer outputs, final norm
+        + [(b, n, 1, t), (b, n, 1, s), (b, 1, m)]
+    )  # decoder: self and cross attention weights, MLP hidden
     assert mask_shapes("t5x") == sorted(want)
     # shared along the length axis in the values too; no dropout at rate 0 in either style
-    a = np.asarray(t5.logits(cfg, params, enc, dec, dropout_rate=0.5, dropout_rng=jax.random.PRNGKey(3),
-                             dropout_style="t5x"))
+    a = np.asarray(
+        t5.logits(cfg, params, enc, dec, dropout_rate=0.5, dropout_rng=jax.random.PRNGKey(3), dropout_style="t5x")
+    )
     plain = np.asarray(t5.logits(cfg, params, enc, dec))
     assert np.abs(a - plain).max() > 1e-3
     np.testing.assert_array_equal(np.asarray(t5.logits(cfg, params, enc, dec, dropout_style="t5x")), plain)
@@ -598,8 +753,9 @@ def test_teacher_samples_follow_the_teachers_distribution():
         tr.teacher_outputs(teacher, [source], temperature=-1.0, progress=False)
 
 
-def test_teacher_samples_flag_adds_sampled_targets_and_refuses_a_mismatched_resume(tmp_path, data_dir, vocab500,
-                                                                                    capsys):
+def test_teacher_samples_flag_adds_sampled_targets_and_refuses_a_mismatched_resume(
+    tmp_path, data_dir, vocab500, capsys
+):
     """``specjax train --teacher-samples 1``: RUN_DIR/teacher_outputs.npz holds the teacher's greedy output for
     each of the 40 sources, then one sample each (exactly ``teacher_outputs`` at temperature 1, seed 1); with
     ``--student-samples 1`` the greedy outputs then one sample each of the ``--init-from`` model. A resume with
@@ -614,17 +770,37 @@ def test_teacher_samples_flag_adds_sampled_targets_and_refuses_a_mismatched_resu
     teacher = T5Model.random(config, seed=11)
     save_checkpoint(teacher, tmp_path / "teacher", format="hf")
     d = data_dir / "train" / "multi30k"
-    args = ["train", "--run-dir", str(tmp_path / "r"), "--model", "draft", "--source", str(d / "train.en"),
-            "--target-text", str(d / "train.de"), "--vocab", str(vocab500), "--max-examples", "40",
-            "--tokens-per-batch", "256", "--steps", "1", "--objective", "distill", "--teacher",
-            str(tmp_path / "teacher")]
+    args = [
+        "train",
+        "--run-dir",
+        str(tmp_path / "r"),
+        "--model",
+        "draft",
+        "--source",
+        str(d / "train.en"),
+        "--target-text",
+        str(d / "train.de"),
+        "--vocab",
+        str(vocab500),
+        "--max-examples",
+        "40",
+        "--tokens-per-batch",
+        "256",
+        "--steps",
+        "1",
+        "--objective",
+        "distill",
+        "--teacher",
+        str(tmp_path / "teacher"),
+    ]
     assert main(args + ["--teacher-samples", "1"]) == 0
     saved = np.load(tmp_path / "r" / "teacher_outputs.npz")
     got = np.split(saved["flat"], saved["ends"][:-1])
     sources, refs = tr.read_parallel(d / "train.en", d / "train.de")
     src, _ = tr.tokenize_pairs(Tokenizer(str(vocab500), extra_ids=0), sources[:40], refs[:40])
-    want = (tr.teacher_outputs(teacher, src, progress=False)
-            + tr.teacher_outputs(teacher, src, temperature=1.0, seed=1, progress=False))
+    want = tr.teacher_outputs(teacher, src, progress=False) + tr.teacher_outputs(
+        teacher, src, temperature=1.0, seed=1, progress=False
+    )
     assert len(got) == 80 and all(np.array_equal(a, b) for a, b in zip(got, want))
     assert any(not np.array_equal(a, b) for a, b in zip(want[:40], want[40:]))
     capsys.readouterr()
@@ -633,11 +809,19 @@ def test_teacher_samples_flag_adds_sampled_targets_and_refuses_a_mismatched_resu
     # --student-samples: after the teacher's outputs, samples of the --init-from model (the student as it starts).
     student = T5Model.random(config, seed=12)
     save_checkpoint(student, tmp_path / "student", format="hf")
-    assert main(args[:2] + [str(tmp_path / "s")] + args[3:] + ["--student-samples", "1", "--init-from",
-                                                                str(tmp_path / "student")]) == 0
+    assert (
+        main(
+            args[:2]
+            + [str(tmp_path / "s")]
+            + args[3:]
+            + ["--student-samples", "1", "--init-from", str(tmp_path / "student")]
+        )
+        == 0
+    )
     saved = np.load(tmp_path / "s" / "teacher_outputs.npz")
     got = np.split(saved["flat"], saved["ends"][:-1])
     from specjax.cli.train import STUDENT_SEED
+
     want_s = tr.teacher_outputs(student, src, temperature=1.0, seed=STUDENT_SEED + 1, progress=False)
     assert len(got) == 80 and all(np.array_equal(a, b) for a, b in zip(got, want[:40] + want_s))
     capsys.readouterr()

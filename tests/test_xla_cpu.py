@@ -11,8 +11,16 @@ import specjax
 from specjax.config import T5Config
 from specjax.decoding import xla_cpu
 
-TINY = T5Config(vocab_size=48, d_model=16, num_heads=2, head_dim=8, mlp_dim=32, num_encoder_layers=1,
-                num_decoder_layers=2, name="tiny")
+TINY = T5Config(
+    vocab_size=48,
+    d_model=16,
+    num_heads=2,
+    head_dim=8,
+    mlp_dim=32,
+    num_encoder_layers=1,
+    num_decoder_layers=2,
+    name="tiny",
+)
 
 
 def test_options_only_for_few_rows_on_cpu(monkeypatch):
@@ -49,11 +57,15 @@ def test_same_tokens_and_counters_with_and_without_the_options(monkeypatch):
     out = {}
     for setting in ("0", "1"):
         monkeypatch.setenv("SPECJAX_XLA_CPU_OPTIONS", setting)
-        out[setting] = [jax.device_get(specjax.speculative_sample(target, draft, x, rng=5, gamma=3,
-                                                                  max_decode_length=9, temperature=t))
-                        for t in (0.0, 1.0)]
-        out[setting].append(jax.device_get(specjax.temperature_sample(target, x, rng=5, max_decode_length=9,
-                                                                      temperature=0.0)))
+        out[setting] = [
+            jax.device_get(
+                specjax.speculative_sample(target, draft, x, rng=5, gamma=3, max_decode_length=9, temperature=t)
+            )
+            for t in (0.0, 1.0)
+        ]
+        out[setting].append(
+            jax.device_get(specjax.temperature_sample(target, x, rng=5, max_decode_length=9, temperature=0.0))
+        )
     for a, b in zip(out["0"], out["1"]):
         for leaf_a, leaf_b in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
             np.testing.assert_allclose(leaf_a, leaf_b, rtol=1e-5)

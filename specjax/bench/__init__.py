@@ -16,18 +16,36 @@ Each concern lives in its own module:
 The names below are re-exported for convenience (``from specjax import bench; bench.measure_pair(...)``).
 """
 
-from specjax.bench.theory import alpha_from_tokens_per_call, expected_improvement, expected_tokens_per_call
-from specjax.bench.inputs import MULTI30K_TEST, encode_inputs, pad_batches, read_lines
-from specjax.bench.timing import (PairMeasurement, environment, finish, measure_cost_ratio, measure_costs,
-                                  measure_pair)
 from specjax.bench.experiment import PROMPT_LOOKUP, VERIFICATIONS, BenchRow, load_experiment, quality, run_row
-from specjax.bench.report import (CSV_COLUMNS, TABLE_COLUMNS, VARIANT_COLUMNS, format_markdown, plot_records,
-                                  write_csv)
+from specjax.bench.inputs import MULTI30K_TEST, encode_inputs, pad_batches, read_lines
+from specjax.bench.report import CSV_COLUMNS, TABLE_COLUMNS, VARIANT_COLUMNS, format_markdown, plot_records, write_csv
+from specjax.bench.theory import alpha_from_tokens_per_call, expected_improvement, expected_tokens_per_call
+from specjax.bench.timing import PairMeasurement, environment, finish, measure_cost_ratio, measure_costs, measure_pair
 
 __all__ = [
-    "expected_tokens_per_call", "expected_improvement", "alpha_from_tokens_per_call",
-    "MULTI30K_TEST", "read_lines", "encode_inputs", "pad_batches",
-    "environment", "finish", "PairMeasurement", "measure_pair", "measure_cost_ratio", "measure_costs",
-    "PROMPT_LOOKUP", "VERIFICATIONS", "BenchRow", "load_experiment", "quality", "run_row",
-    "TABLE_COLUMNS", "VARIANT_COLUMNS", "CSV_COLUMNS", "format_markdown", "write_csv", "plot_records",
+    "expected_tokens_per_call",
+    "expected_improvement",
+    "alpha_from_tokens_per_call",
+    "MULTI30K_TEST",
+    "read_lines",
+    "encode_inputs",
+    "pad_batches",
+    "environment",
+    "finish",
+    "PairMeasurement",
+    "measure_pair",
+    "measure_cost_ratio",
+    "measure_costs",
+    "PROMPT_LOOKUP",
+    "VERIFICATIONS",
+    "BenchRow",
+    "load_experiment",
+    "quality",
+    "run_row",
+    "TABLE_COLUMNS",
+    "VARIANT_COLUMNS",
+    "CSV_COLUMNS",
+    "format_markdown",
+    "write_csv",
+    "plot_records",
 ]

@@ -51,6 +51,7 @@ class BenchRow:
         probability in [0, 1] (a row stops drafting after a draft token less likely than it; draft models only).
       max_ngram: the longest n-gram matched when ``draft_path == PROMPT_LOOKUP`` (tokens, >= 1).
     """
+
     task: str
     target: str
     draft: str
@@ -73,10 +74,27 @@ class BenchRow:
     max_ngram: int = 3
 
 
-_TASK_KEYS = {"input", "references", "prefix", "metric", "max_input_length", "max_decode_length", "num_inputs",
-              "tokenizer"}
-_ROW_KEYS = {"task", "target", "draft", "temperature", "gamma", "paper", "verification", "draft_confidence_threshold",
-             "max_ngram"}
+_TASK_KEYS = {
+    "input",
+    "references",
+    "prefix",
+    "metric",
+    "max_input_length",
+    "max_decode_length",
+    "num_inputs",
+    "tokenizer",
+}
+_ROW_KEYS = {
+    "task",
+    "target",
+    "draft",
+    "temperature",
+    "gamma",
+    "paper",
+    "verification",
+    "draft_confidence_threshold",
+    "max_ngram",
+}
 
 
 def _as_list(value) -> list:
@@ -91,23 +109,32 @@ def _row_variants(r: dict, where: str, lookup: bool) -> dict:
     verifications = _as_list(r.get("verification", "token"))
     bad = [v for v in verifications if v not in VERIFICATIONS]
     if bad or not verifications:
-        raise ValueError(f"{where}: verification must be one of {list(VERIFICATIONS)} or a list of them, got "
-                         f"{r.get('verification')!r}.")
+        raise ValueError(
+            f"{where}: verification must be one of {list(VERIFICATIONS)} or a list of them, got "
+            f"{r.get('verification')!r}."
+        )
     thresholds = _as_list(r.get("draft_confidence_threshold"))
     for c in thresholds:
         if c is not None and (isinstance(c, bool) or not isinstance(c, numbers.Real) or not 0.0 <= c <= 1.0):
-            raise ValueError(f"{where}: draft_confidence_threshold must be null or a number in [0, 1] (or a list "
-                             f"of them), got {c!r}.")
+            raise ValueError(
+                f"{where}: draft_confidence_threshold must be null or a number in [0, 1] (or a list "
+                f"of them), got {c!r}."
+            )
     if not thresholds:
         raise ValueError(f"{where}: draft_confidence_threshold is an empty list; use null for off.")
     if lookup and any(c is not None for c in thresholds):
-        raise ValueError(f"{where}: draft_confidence_threshold needs a draft model; a prompt-lookup proposal has "
-                         "no confidence (drop one of the two).")
+        raise ValueError(
+            f"{where}: draft_confidence_threshold needs a draft model; a prompt-lookup proposal has "
+            "no confidence (drop one of the two)."
+        )
     n = r.get("max_ngram", 3)
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"{where}: max_ngram must be an int >= 1, got {n!r}.")
-    return dict(verifications=tuple(verifications),
-                confidence_thresholds=tuple(None if c is None else float(c) for c in thresholds), max_ngram=n)
+    return dict(
+        verifications=tuple(verifications),
+        confidence_thresholds=tuple(None if c is None else float(c) for c in thresholds),
+        max_ngram=n,
+    )
 
 
 def load_experiment(path: str) -> tuple[dict, list[BenchRow]]:
@@ -151,10 +178,21 @@ def load_experiment(path: str) -> tuple[dict, list[BenchRow]]:
         paper = r.get("paper") or {}
         draft_path = PROMPT_LOOKUP if r["draft"] == PROMPT_LOOKUP else models[r["draft"]]
         variants = _row_variants(r, where, lookup=draft_path == PROMPT_LOOKUP)
-        rows.append(BenchRow(task=r["task"], target=r["target"], draft=r["draft"], target_path=models[r["target"]],
-                             draft_path=draft_path, temperature=float(r["temperature"]),
-                             gammas=tuple(int(g) for g in gammas), paper_alpha=paper.get("alpha"),
-                             paper_speedup=paper.get("speedup"), **variants, **task))
+        rows.append(
+            BenchRow(
+                task=r["task"],
+                target=r["target"],
+                draft=r["draft"],
+                target_path=models[r["target"]],
+                draft_path=draft_path,
+                temperature=float(r["temperature"]),
+                gammas=tuple(int(g) for g in gammas),
+                paper_alpha=paper.get("alpha"),
+                paper_speedup=paper.get("speedup"),
+                **variants,
+                **task,
+            )
+        )
     if not rows:
         raise ValueError(f"{path}: no rows.")
     meta = {k: v for k, v in spec.items() if k != "rows"}
@@ -190,9 +228,19 @@ def quality(hypotheses: Sequence[str], references: Sequence[str], metric: str) -
     raise ValueError(f"Unknown metric {metric!r}; use 'bleu' or 'rouge'.")
 
 
-def run_row(target, draft, tokenizer, row: BenchRow, *, batch_sizes: Sequence[int] = (1,), repeats: int = 1,
-            seed: int = 0, cost_steps: int = 32, with_quality: bool = True,
-            on_batch: Callable[[], None] | None = None) -> list[dict]:
+def run_row(
+    target,
+    draft,
+    tokenizer,
+    row: BenchRow,
+    *,
+    batch_sizes: Sequence[int] = (1,),
+    repeats: int = 1,
+    seed: int = 0,
+    cost_steps: int = 32,
+    with_quality: bool = True,
+    on_batch: Callable[[], None] | None = None,
+) -> list[dict]:
     """Measures one ``BenchRow`` at each batch size, verification, confidence threshold and γ: one record each.
 
     Both methods run on the same inputs in the same process, alternating (``measure_pair``); c is measured
@@ -225,6 +273,7 @@ def run_row(target, draft, tokenizer, row: BenchRow, *, batch_sizes: Sequence[in
         verification, a confidence threshold with a draft source that has no confidence …).
     """
     from specjax.tokenizer import as_tokenizer
+
     tokenizer = as_tokenizer(tokenizer)  # also a seqio.SentencePieceVocabulary or a model path
     lines = read_lines(row.input, row.num_inputs)
     if not lines:
@@ -239,10 +288,22 @@ def run_row(target, draft, tokenizer, row: BenchRow, *, batch_sizes: Sequence[in
         batches = pad_batches(ids, batch_size=bs, pad_id=target.config.pad_id)
         costs = measure_costs(target, draft_model, batches[0], row.gammas, steps=cost_steps)
         for verification, threshold, gamma in variants:
-            m = measure_pair(target, draft, batches, gamma=gamma, temperature=row.temperature,
-                             max_decode_length=row.max_decode_length, num_inputs=len(ids), seed=seed,
-                             repeats=repeats, max_input_length=row.max_input_length, truncate=True,
-                             verification=verification, draft_confidence_threshold=threshold, on_batch=on_batch)
+            m = measure_pair(
+                target,
+                draft,
+                batches,
+                gamma=gamma,
+                temperature=row.temperature,
+                max_decode_length=row.max_decode_length,
+                num_inputs=len(ids),
+                seed=seed,
+                repeats=repeats,
+                max_input_length=row.max_input_length,
+                truncate=True,
+                verification=verification,
+                draft_confidence_threshold=threshold,
+                on_batch=on_batch,
+            )
             c = costs["c"]
             alpha_tokens = alpha_from_tokens_per_call(m.tokens_per_target_call, gamma)
             alpha_loop = m.acceptance_rate
@@ -251,32 +312,52 @@ def run_row(target, draft, tokenizer, row: BenchRow, *, batch_sizes: Sequence[in
             w = costs["window_over_step"][gamma]
             expected = expected_improvement(alpha, gamma, c)
             rec = {
-                "task": row.task, "target": row.target, "draft": row.draft, "temperature": row.temperature,
-                "gamma": gamma, "verification": verification, "confidence_threshold": threshold,
+                "task": row.task,
+                "target": row.target,
+                "draft": row.draft,
+                "temperature": row.temperature,
+                "gamma": gamma,
+                "verification": verification,
+                "confidence_threshold": threshold,
                 "max_ngram": getattr(draft, "max_ngram", None) if draft_model is None else None,
-                "batch_size": bs, "num_inputs": len(ids), "repeats": repeats,
+                "batch_size": bs,
+                "num_inputs": len(ids),
+                "repeats": repeats,
                 "max_decode_length": row.max_decode_length,
-                "alpha": alpha, "alpha_source": "loop" if alpha_loop is not None else "tokens_per_call",
-                "alpha_loop": alpha_loop, "alpha_from_tokens": alpha_tokens,
+                "alpha": alpha,
+                "alpha_source": "loop" if alpha_loop is not None else "tokens_per_call",
+                "alpha_loop": alpha_loop,
+                "alpha_from_tokens": alpha_tokens,
                 "alpha_rows": [float(a) for a in (row_alpha if row_alpha is not None else m.row_accepted_fractions)],
-                "accepted_fraction": m.accepted_fraction, "accepted_per_position": m.accepted_per_position,
+                "accepted_fraction": m.accepted_fraction,
+                "accepted_per_position": m.accepted_per_position,
                 "mean_accepted_length": m.mean_accepted_length,
                 "tokens_per_call": m.tokens_per_target_call,
                 "expected_tokens_per_call": expected_tokens_per_call(alpha, gamma),
-                "c": c, "draft_step_ms": None if costs["draft_step_s"] is None else costs["draft_step_s"] * 1e3,
+                "c": c,
+                "draft_step_ms": None if costs["draft_step_s"] is None else costs["draft_step_s"] * 1e3,
                 "target_step_ms": costs["target_step_s"] * 1e3,
-                "target_window_ms": costs["target_window_s"][gamma] * 1e3, "window_over_step": w,
+                "target_window_ms": costs["target_window_s"][gamma] * 1e3,
+                "window_over_step": w,
                 "expected_improvement": expected,
                 "expected_improvement_window": expected_tokens_per_call(alpha, gamma) / (gamma * c + w),
-                "speedup": m.speedup, "speedup_over_expected": m.speedup / expected,
-                "spec_seconds": m.spec_seconds, "base_seconds": m.base_seconds,
-                "spec_compile_seconds": m.spec_compile_seconds, "base_compile_seconds": m.base_compile_seconds,
+                "speedup": m.speedup,
+                "speedup_over_expected": m.speedup / expected,
+                "spec_seconds": m.spec_seconds,
+                "base_seconds": m.base_seconds,
+                "spec_compile_seconds": m.spec_compile_seconds,
+                "base_compile_seconds": m.base_compile_seconds,
                 "spec_tokens_per_s": m.output_tokens * repeats / m.spec_seconds,
                 "base_tokens_per_s": m.base_output_tokens * repeats / m.base_seconds,
                 "iteration_ms": m.spec_seconds / max(1, repeats * m.spec_iterations) * 1e3,
-                "greedy_identical": (all(np.array_equal(a, b) for a, b in zip(m.sequences("spec"), m.sequences("base")))
-                                     if row.temperature == 0 else None),
-                "paper_alpha": row.paper_alpha, "paper_speedup": row.paper_speedup, **env,
+                "greedy_identical": (
+                    all(np.array_equal(a, b) for a, b in zip(m.sequences("spec"), m.sequences("base")))
+                    if row.temperature == 0
+                    else None
+                ),
+                "paper_alpha": row.paper_alpha,
+                "paper_speedup": row.paper_speedup,
+                **env,
             }
             if refs is not None:
                 for which in ("spec", "base"):

@@ -25,8 +25,10 @@ def read_lines(path: str, limit: int | None = None) -> list[str]:
       ValueError: the file is not UTF-8 (the message names the file and line).
     """
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"Input file {path!r} does not exist (relative paths are read from the current "
-                                f"directory {os.getcwd()!r}; the project's data lives in ../shared/data).")
+        raise FileNotFoundError(
+            f"Input file {path!r} does not exist (relative paths are read from the current "
+            f"directory {os.getcwd()!r}; the project's data lives in ../shared/data)."
+        )
     lines = []
     with open(path, "rb") as f:
         for i, raw in enumerate(f, 1):
@@ -50,18 +52,20 @@ def encode_inputs(tokenizer, lines: Sequence[str], prefix: str, max_input_length
       one list of int ids per line.
     """
     from specjax.tokenizer import as_tokenizer
+
     tokenizer = as_tokenizer(tokenizer)
     out = []
     for line in lines:
         ids = tokenizer.encode(prefix + line)
         if len(ids) > max_input_length:
-            ids = ids[:max_input_length - 1] + [tokenizer.eos_id]
+            ids = ids[: max_input_length - 1] + [tokenizer.eos_id]
         out.append(ids)
     return out
 
 
-def pad_batches(rows: Sequence[Sequence[int]], batch_size: int, length: int | None = None,
-                pad_id: int = 0) -> list[np.ndarray]:
+def pad_batches(
+    rows: Sequence[Sequence[int]], batch_size: int, length: int | None = None, pad_id: int = 0
+) -> list[np.ndarray]:
     """Token id lists -> int32[batch_size, s] arrays sharing one shape, so a run compiles once.
 
     The last batch is filled with copies of its first row (callers drop them: count real rows apart);
@@ -78,10 +82,10 @@ def pad_batches(rows: Sequence[Sequence[int]], batch_size: int, length: int | No
         raise ValueError(f"An input has {longest} tokens, more than the padded length {L}.")
     out = []
     for start in range(0, len(rows), batch_size):
-        chunk = list(rows[start:start + batch_size])
+        chunk = list(rows[start : start + batch_size])
         chunk += [chunk[0]] * (batch_size - len(chunk))
         arr = np.full((batch_size, L), pad_id, np.int32)
         for i, r in enumerate(chunk):
-            arr[i, :len(r)] = r
+            arr[i, : len(r)] = r
         out.append(arr)
     return out

@@ -36,9 +36,18 @@ from specjax.bench.inputs import pad_batches
 from specjax.bench.timing import environment, finish
 from specjax.models.t5 import T5Model
 
-__all__ = ["to_transformers", "hf_generate", "compare_with_transformers", "batch_scaling",
-           "format_comparison", "format_scaling", "to_ctranslate2", "ctranslate2_generate",
-           "compare_with_ctranslate2", "format_ctranslate2"]
+__all__ = [
+    "to_transformers",
+    "hf_generate",
+    "compare_with_transformers",
+    "batch_scaling",
+    "format_comparison",
+    "format_scaling",
+    "to_ctranslate2",
+    "ctranslate2_generate",
+    "compare_with_ctranslate2",
+    "format_ctranslate2",
+]
 
 
 def _import():
@@ -46,8 +55,9 @@ def _import():
         import torch
         import transformers
     except ImportError as e:
-        raise ImportError("The transformers comparison needs PyTorch and transformers: "
-                          "pip install 'specjax[bench]' torch") from e
+        raise ImportError(
+            "The transformers comparison needs PyTorch and transformers: pip install 'specjax[bench]' torch"
+        ) from e
     return torch, transformers
 
 
@@ -81,8 +91,18 @@ def _configure_assistant(assistant, gamma: int) -> None:
     cfg.assistant_confidence_threshold = None  # no early stop: exactly γ drafts per target call
 
 
-def hf_generate(model, input_ids, *, max_new_tokens: int, temperature: float = 0.0, assistant=None,
-                gamma: int | None = None, seed: int = 0, eos_id: int = 1, pad_id: int = 0):
+def hf_generate(
+    model,
+    input_ids,
+    *,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    assistant=None,
+    gamma: int | None = None,
+    seed: int = 0,
+    eos_id: int = 1,
+    pad_id: int = 0,
+):
     """One transformers ``generate`` call, timed.
 
     Args:
@@ -106,8 +126,14 @@ def hf_generate(model, input_ids, *, max_new_tokens: int, temperature: float = 0
     if assistant is not None and x.shape[0] != 1:
         raise ValueError("transformers assisted generation supports batch 1 only.")
     ids = torch.from_numpy(x)
-    kw = dict(max_new_tokens=int(max_new_tokens), eos_token_id=eos_id, pad_token_id=pad_id,
-              decoder_start_token_id=pad_id, min_length=0, num_beams=1)
+    kw = dict(
+        max_new_tokens=int(max_new_tokens),
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+        decoder_start_token_id=pad_id,
+        min_length=0,
+        num_beams=1,
+    )
     if temperature == 0:
         kw.update(do_sample=False)
     else:
@@ -126,7 +152,7 @@ def hf_generate(model, input_ids, *, max_new_tokens: int, temperature: float = 0
     for r in out.numpy()[:, 1:]:  # drop decoder_start_token_id
         r = r.astype(np.int32)
         ends = np.nonzero(r == eos_id)[0]
-        rows.append(r[:ends[0] + 1] if ends.size else r)
+        rows.append(r[: ends[0] + 1] if ends.size else r)
     return rows, dt
 
 
@@ -135,25 +161,36 @@ def _diagnose(target: T5Model, enc_ids: Sequence[int], ours: np.ndarray, theirs:
     n = min(len(ours), len(theirs))
     diff = np.nonzero(ours[:n] != theirs[:n])[0]
     j = int(diff[0]) if diff.size else n
-    info = {"position": j, "ours": ours[j:j + 3].tolist(), "hf": theirs[j:j + 3].tolist()}
+    info = {"position": j, "ours": ours[j : j + 3].tolist(), "hf": theirs[j : j + 3].tolist()}
     if j < len(ours):
         dec = np.concatenate([[target.config.pad_id], ours[:j]]).astype(np.int32)[None]
         logits = np.asarray(target.logits(np.asarray([enc_ids], np.int32), dec))[0, j]
         top = np.sort(logits)[-2:]
         info["top2_logit_gap"] = float(top[1] - top[0])
-        info["explanation"] = ("near-tie: the target's two best logits differ by less than 1e-4, within "
-                               "float32 differences between XLA and PyTorch kernels"
-                               if info["top2_logit_gap"] < 1e-4 else
-                               "not a near-tie: the implementations disagree here (investigate)")
+        info["explanation"] = (
+            "near-tie: the target's two best logits differ by less than 1e-4, within "
+            "float32 differences between XLA and PyTorch kernels"
+            if info["top2_logit_gap"] < 1e-4
+            else "not a near-tie: the implementations disagree here (investigate)"
+        )
     else:
         info["explanation"] = "one output is a prefix of the other (length / EOS handling)"
     return info
 
 
-def compare_with_transformers(target: T5Model, draft: T5Model, rows: Sequence[Sequence[int]], *, gamma: int,
-                              max_decode_length: int, temperatures: Sequence[float] = (0.0, 1.0), seed: int = 0,
-                              workdir: str | None = None, on_item: Callable[[], None] | None = None,
-                              hf_models: tuple | None = None) -> dict:
+def compare_with_transformers(
+    target: T5Model,
+    draft: T5Model,
+    rows: Sequence[Sequence[int]],
+    *,
+    gamma: int,
+    max_decode_length: int,
+    temperatures: Sequence[float] = (0.0, 1.0),
+    seed: int = 0,
+    workdir: str | None = None,
+    on_item: Callable[[], None] | None = None,
+    hf_models: tuple | None = None,
+) -> dict:
     """specjax speculative_sample / temperature_sample against transformers assisted / plain generate.
 
     Batch 1, float32, the same weights (exported through ``save_checkpoint(format="hf")``), the same
@@ -188,13 +225,21 @@ def compare_with_transformers(target: T5Model, draft: T5Model, rows: Sequence[Se
     if hf_models is None:
         tmp = tempfile.TemporaryDirectory() if workdir is None else None
         base_dir = workdir or tmp.name
-        hf_models = (to_transformers(target, os.path.join(base_dir, "target")),
-                     to_transformers(draft, os.path.join(base_dir, "draft")))
+        hf_models = (
+            to_transformers(target, os.path.join(base_dir, "target")),
+            to_transformers(draft, os.path.join(base_dir, "draft")),
+        )
     hf_target, hf_draft = hf_models
     padded = pad_batches(rows, batch_size=1, pad_id=target.config.pad_id)
-    result = {"gamma": gamma, "num_inputs": len(rows), "max_decode_length": max_decode_length,
-              "torch": torch.__version__, "transformers": transformers.__version__,
-              "torch_threads": torch.get_num_threads(), **environment()}
+    result = {
+        "gamma": gamma,
+        "num_inputs": len(rows),
+        "max_decode_length": max_decode_length,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "torch_threads": torch.get_num_threads(),
+        **environment(),
+    }
     modes = {}
     for t in temperatures:
         modes.setdefault("greedy" if t == 0 else "sampling", float(t))
@@ -203,8 +248,9 @@ def compare_with_transformers(target: T5Model, draft: T5Model, rows: Sequence[Se
         hkw = dict(max_new_tokens=max_decode_length, temperature=temp)
 
         def spec(i):
-            return finish(speculative_sample(target, draft, padded[i], rng=jax.random.PRNGKey(seed + i), gamma=gamma,
-                                              **kw))
+            return finish(
+                speculative_sample(target, draft, padded[i], rng=jax.random.PRNGKey(seed + i), gamma=gamma, **kw)
+            )
 
         def base(i):
             return finish(temperature_sample(target, padded[i], rng=jax.random.PRNGKey(seed + i), **kw))
@@ -234,7 +280,7 @@ def compare_with_transformers(target: T5Model, draft: T5Model, rows: Sequence[Se
                 if name.startswith("hf"):
                     seq = r[0][0]
                 else:
-                    seq = np.asarray(r.sequences)[0][:int(np.asarray(r.lengths)[0])]
+                    seq = np.asarray(r.sequences)[0][: int(np.asarray(r.lengths)[0])]
                     if name == "specjax_spec_s":
                         drafted += int(np.asarray(r.num_draft_tokens).sum())
                         accepted += int(np.asarray(r.num_accepted).sum())
@@ -251,27 +297,45 @@ def compare_with_transformers(target: T5Model, draft: T5Model, rows: Sequence[Se
                 matches_p += ok_p
                 if not ok_a or not ok_p:
                     other = outs["hf_assisted_s"] if not ok_a else outs["hf_plain_s"]
-                    mismatches.append({"input": i, "which": "assisted" if not ok_a else "plain",
-                                       **_diagnose(target, rows[i], ours, other)})
+                    mismatches.append(
+                        {
+                            "input": i,
+                            "which": "assisted" if not ok_a else "plain",
+                            **_diagnose(target, rows[i], ours, other),
+                        }
+                    )
             if on_item:
                 on_item()
-        entry = {"temperature": temp, **secs, **toks,
-                 "hf_assisted_over_specjax_spec": secs["hf_assisted_s"] / secs["specjax_spec_s"],
-                 "hf_plain_over_specjax_base": secs["hf_plain_s"] / secs["specjax_base_s"],
-                 "hf_plain_over_specjax_spec": secs["hf_plain_s"] / secs["specjax_spec_s"],
-                 "specjax_speedup": secs["specjax_base_s"] / secs["specjax_spec_s"],
-                 "hf_assisted_speedup": secs["hf_plain_s"] / secs["hf_assisted_s"],
-                 "specjax_accepted_fraction": accepted / drafted if drafted else float("nan"),
-                 "specjax_alpha": beta / verified if verified else None}
+        entry = {
+            "temperature": temp,
+            **secs,
+            **toks,
+            "hf_assisted_over_specjax_spec": secs["hf_assisted_s"] / secs["specjax_spec_s"],
+            "hf_plain_over_specjax_base": secs["hf_plain_s"] / secs["specjax_base_s"],
+            "hf_plain_over_specjax_spec": secs["hf_plain_s"] / secs["specjax_spec_s"],
+            "specjax_speedup": secs["specjax_base_s"] / secs["specjax_spec_s"],
+            "hf_assisted_speedup": secs["hf_plain_s"] / secs["hf_assisted_s"],
+            "specjax_accepted_fraction": accepted / drafted if drafted else float("nan"),
+            "specjax_alpha": beta / verified if verified else None,
+        }
         if mode == "greedy":
             entry.update(matches_assisted=int(matches_a), matches_plain=int(matches_p), mismatches=mismatches)
         result[mode] = entry
     return result
 
 
-def batch_scaling(target: T5Model, draft: T5Model, rows: Sequence[Sequence[int]], *, gamma: int,
-                  max_decode_length: int, batch_sizes: Sequence[int] = (1, 4, 16, 32), seed: int = 0,
-                  hf_target=None, on_step: Callable[[], None] | None = None) -> list[dict]:
+def batch_scaling(
+    target: T5Model,
+    draft: T5Model,
+    rows: Sequence[Sequence[int]],
+    *,
+    gamma: int,
+    max_decode_length: int,
+    batch_sizes: Sequence[int] = (1, 4, 16, 32),
+    seed: int = 0,
+    hf_target=None,
+    on_step: Callable[[], None] | None = None,
+) -> list[dict]:
     """Greedy throughput (output tokens per second) against batch size.
 
     The inputs are cycled up to a multiple of the largest batch size so every batch size decodes the same
@@ -299,11 +363,18 @@ def batch_scaling(target: T5Model, draft: T5Model, rows: Sequence[Sequence[int]]
         batches = pad_batches(inputs, batch_size=bs, length=L, pad_id=target.config.pad_id)
         rec = {"batch_size": bs, "num_inputs": n, "gamma": gamma}
         methods = {
-            "specjax_spec": lambda x, j: speculative_sample(target, draft, x, rng=jax.random.PRNGKey(seed + j),
-                                                            gamma=gamma, max_decode_length=max_decode_length,
-                                                            temperature=0.0),
-            "specjax_base": lambda x, j: temperature_sample(target, x, rng=jax.random.PRNGKey(seed + j),
-                                                            max_decode_length=max_decode_length, temperature=0.0),
+            "specjax_spec": lambda x, j: speculative_sample(
+                target,
+                draft,
+                x,
+                rng=jax.random.PRNGKey(seed + j),
+                gamma=gamma,
+                max_decode_length=max_decode_length,
+                temperature=0.0,
+            ),
+            "specjax_base": lambda x, j: temperature_sample(
+                target, x, rng=jax.random.PRNGKey(seed + j), max_decode_length=max_decode_length, temperature=0.0
+            ),
         }
         for name, fn in methods.items():
             fn(batches[0], 0)  # compile
@@ -331,31 +402,40 @@ def batch_scaling(target: T5Model, draft: T5Model, rows: Sequence[Sequence[int]]
 
 def format_comparison(result: dict) -> str:
     """Markdown table of ``compare_with_transformers`` output, with the greedy token check and its reasons."""
-    lines = [f"specjax vs transformers {result['transformers']} (torch {result['torch']}, "
-             f"{result['torch_threads']} threads), float32, batch 1, γ={result['gamma']}, "
-             f"{result['num_inputs']} inputs, max_decode_length={result['max_decode_length']}",
-             "",
-             "| mode | specjax spec s | specjax base s | HF assisted s | HF plain s | HF assisted / specjax spec "
-             "| HF plain / specjax base | specjax speedup | HF assisted speedup | specjax α | specjax accepted fraction |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"specjax vs transformers {result['transformers']} (torch {result['torch']}, "
+        f"{result['torch_threads']} threads), float32, batch 1, γ={result['gamma']}, "
+        f"{result['num_inputs']} inputs, max_decode_length={result['max_decode_length']}",
+        "",
+        "| mode | specjax spec s | specjax base s | HF assisted s | HF plain s | HF assisted / specjax spec "
+        "| HF plain / specjax base | specjax speedup | HF assisted speedup | specjax α | specjax accepted fraction |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for mode in ("greedy", "sampling"):
         if mode in result:
             e = result[mode]
-            lines.append(f"| {mode} (T={e['temperature']:g}) | {e['specjax_spec_s']:.3f} | {e['specjax_base_s']:.3f} | "
-                         f"{e['hf_assisted_s']:.3f} | {e['hf_plain_s']:.3f} | "
-                         f"{e['hf_assisted_over_specjax_spec']:.2f}x | {e['hf_plain_over_specjax_base']:.2f}x | "
-                         f"{e['specjax_speedup']:.2f}x | {e['hf_assisted_speedup']:.2f}x | "
-                         f"{'' if e.get('specjax_alpha') is None else format(e['specjax_alpha'], '.3f')} | "
-                         f"{e['specjax_accepted_fraction']:.3f} |")
+            lines.append(
+                f"| {mode} (T={e['temperature']:g}) | {e['specjax_spec_s']:.3f} | {e['specjax_base_s']:.3f} | "
+                f"{e['hf_assisted_s']:.3f} | {e['hf_plain_s']:.3f} | "
+                f"{e['hf_assisted_over_specjax_spec']:.2f}x | {e['hf_plain_over_specjax_base']:.2f}x | "
+                f"{e['specjax_speedup']:.2f}x | {e['hf_assisted_speedup']:.2f}x | "
+                f"{'' if e.get('specjax_alpha') is None else format(e['specjax_alpha'], '.3f')} | "
+                f"{e['specjax_accepted_fraction']:.3f} |"
+            )
     if "greedy" in result:
         e = result["greedy"]
-        lines += ["", f"greedy tokens equal to specjax speculative_sample: transformers assisted "
-                      f"{e['matches_assisted']}/{result['num_inputs']}, plain {e['matches_plain']}/{result['num_inputs']}"]
+        lines += [
+            "",
+            f"greedy tokens equal to specjax speculative_sample: transformers assisted "
+            f"{e['matches_assisted']}/{result['num_inputs']}, plain {e['matches_plain']}/{result['num_inputs']}",
+        ]
         for m in e["mismatches"]:
-            lines.append(f"  input {m['input']} ({m['which']}): first difference at position {m['position']} "
-                         f"(ours {m['ours']}, transformers {m['hf']}); "
-                         + (f"target top-2 logit gap {m['top2_logit_gap']:.2e}; " if "top2_logit_gap" in m else "")
-                         + m["explanation"])
+            lines.append(
+                f"  input {m['input']} ({m['which']}): first difference at position {m['position']} "
+                f"(ours {m['ours']}, transformers {m['hf']}); "
+                + (f"target top-2 logit gap {m['top2_logit_gap']:.2e}; " if "top2_logit_gap" in m else "")
+                + m["explanation"]
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -367,11 +447,18 @@ def format_scaling(records: Sequence[dict]) -> str:
     if has_hf:
         head += " HF generate tok/s | x batch 1 |"
         sep += "---|---|"
-    lines = [f"greedy throughput against batch size (γ={records[0]['gamma']}, {records[0]['num_inputs']} inputs; "
-             "transformers refuses an assistant at batch > 1, so its column is plain generate)", "", head, sep]
+    lines = [
+        f"greedy throughput against batch size (γ={records[0]['gamma']}, {records[0]['num_inputs']} inputs; "
+        "transformers refuses an assistant at batch > 1, so its column is plain generate)",
+        "",
+        head,
+        sep,
+    ]
     for r in records:
-        line = (f"| {r['batch_size']} | {r['specjax_spec_tokens_per_s']:.1f} | {r['specjax_spec_over_batch1']:.2f} | "
-                f"{r['specjax_base_tokens_per_s']:.1f} | {r['specjax_base_over_batch1']:.2f} |")
+        line = (
+            f"| {r['batch_size']} | {r['specjax_spec_tokens_per_s']:.1f} | {r['specjax_spec_over_batch1']:.2f} | "
+            f"{r['specjax_base_tokens_per_s']:.1f} | {r['specjax_base_over_batch1']:.2f} |"
+        )
         if has_hf:
             line += f" {r.get('hf_plain_tokens_per_s', float('nan')):.1f} | {r.get('hf_plain_over_batch1', float('nan')):.2f} |"
         lines.append(line)
@@ -440,8 +527,9 @@ def to_ctranslate2(model: T5Model, path: str | os.PathLike, *, hf_path: str | os
     return out
 
 
-def ctranslate2_generate(translator, rows: Sequence[Sequence[int]], *, max_decode_length: int,
-                         batch_size: int, eos_id: int = 1) -> tuple[list[np.ndarray], float]:
+def ctranslate2_generate(
+    translator, rows: Sequence[Sequence[int]], *, max_decode_length: int, batch_size: int, eos_id: int = 1
+) -> tuple[list[np.ndarray], float]:
     """Greedy CTranslate2 translation of token id rows, timed.
 
     Args:
@@ -455,18 +543,33 @@ def ctranslate2_generate(translator, rows: Sequence[Sequence[int]], *, max_decod
     src = [[_id_token(int(i)) for i in r] for r in rows]
     outs, t0 = [], time.perf_counter()
     for start in range(0, len(src), batch_size):
-        res = translator.translate_batch(src[start:start + batch_size], max_batch_size=batch_size, beam_size=1,
-                                         max_decoding_length=int(max_decode_length), return_end_token=True)
+        res = translator.translate_batch(
+            src[start : start + batch_size],
+            max_batch_size=batch_size,
+            beam_size=1,
+            max_decoding_length=int(max_decode_length),
+            return_end_token=True,
+        )
         outs += [r.hypotheses[0] for r in res]
     dt = time.perf_counter() - t0
     return [np.asarray([int(t[3:-1]) for t in toks], np.int32) for toks in outs], dt
 
 
-def compare_with_ctranslate2(target: T5Model, draft: T5Model, rows: Sequence[Sequence[int]], *,
-                             gammas: Sequence[int], max_decode_length: int, batch_sizes: Sequence[int] = (1, 32),
-                             compute_types: Sequence[str] = ("float32", "int8"), threads: Sequence[int] = (1, 2),
-                             repeats: int = 1, seed: int = 0, workdir: str | None = None,
-                             on_step: Callable[[], None] | None = None) -> dict:
+def compare_with_ctranslate2(
+    target: T5Model,
+    draft: T5Model,
+    rows: Sequence[Sequence[int]],
+    *,
+    gammas: Sequence[int],
+    max_decode_length: int,
+    batch_sizes: Sequence[int] = (1, 32),
+    compute_types: Sequence[str] = ("float32", "int8"),
+    threads: Sequence[int] = (1, 2),
+    repeats: int = 1,
+    seed: int = 0,
+    workdir: str | None = None,
+    on_step: Callable[[], None] | None = None,
+) -> dict:
     """specjax temperature_sample and speculative_sample against CTranslate2 on the same target, greedy.
 
     One process, the same inputs; at each batch size every method is warmed up (specjax compiles there),
@@ -497,14 +600,26 @@ def compare_with_ctranslate2(target: T5Model, draft: T5Model, rows: Sequence[Seq
     draft = draft if draft.config.dtype == "float32" else draft.astype("float32")
     tmp = tempfile.TemporaryDirectory() if workdir is None else None
     ct2_dir = to_ctranslate2(target, workdir or tmp.name)
-    translators = {f"ctranslate2 {ct} {n} thread{'s' if n > 1 else ''}":
-                   ctranslate2.Translator(ct2_dir, device="cpu", compute_type=ct, inter_threads=1, intra_threads=n)
-                   for ct in compute_types for n in threads}
+    translators = {
+        f"ctranslate2 {ct} {n} thread{'s' if n > 1 else ''}": ctranslate2.Translator(
+            ct2_dir, device="cpu", compute_type=ct, inter_threads=1, intra_threads=n
+        )
+        for ct in compute_types
+        for n in threads
+    }
     eos, n = target.config.eos_id, len(rows)
-    result = {"num_inputs": n, "max_decode_length": max_decode_length, "ctranslate2": ctranslate2.__version__,
-              "engines": {k: {"compute_type": ct, "intra_threads": t} for k, (ct, t) in
-                          zip(translators, [(ct, t) for ct in compute_types for t in threads])},
-              **environment(), "records": [], "best": {}}
+    result = {
+        "num_inputs": n,
+        "max_decode_length": max_decode_length,
+        "ctranslate2": ctranslate2.__version__,
+        "engines": {
+            k: {"compute_type": ct, "intra_threads": t}
+            for k, (ct, t) in zip(translators, [(ct, t) for ct in compute_types for t in threads])
+        },
+        **environment(),
+        "records": [],
+        "best": {},
+    }
     for bs in batch_sizes:
         batches = pad_batches(rows, batch_size=bs, pad_id=target.config.pad_id)
 
@@ -512,22 +627,31 @@ def compare_with_ctranslate2(target: T5Model, draft: T5Model, rows: Sequence[Seq
             def run(j):
                 x = batches[j]
                 key = jax.random.PRNGKey(seed + j)
-                r = finish(speculative_sample(target, draft, x, rng=key, gamma=gamma, temperature=0.0,
-                                              max_decode_length=max_decode_length) if gamma else
-                           temperature_sample(target, x, rng=key, temperature=0.0, max_decode_length=max_decode_length))
+                r = finish(
+                    speculative_sample(
+                        target, draft, x, rng=key, gamma=gamma, temperature=0.0, max_decode_length=max_decode_length
+                    )
+                    if gamma
+                    else temperature_sample(target, x, rng=key, temperature=0.0, max_decode_length=max_decode_length)
+                )
                 seqs, lens = np.asarray(r.sequences), np.asarray(r.lengths)
-                return [s[:m] for s, m in zip(seqs, lens)][:min(bs, n - j * bs)]
+                return [s[:m] for s, m in zip(seqs, lens)][: min(bs, n - j * bs)]
+
             return run
 
         def ct2_method(tr):
             def run(j):
-                return ctranslate2_generate(tr, rows[j * bs:(j + 1) * bs], max_decode_length=max_decode_length,
-                                            batch_size=bs, eos_id=eos)[0]
+                return ctranslate2_generate(
+                    tr, rows[j * bs : (j + 1) * bs], max_decode_length=max_decode_length, batch_size=bs, eos_id=eos
+                )[0]
+
             return run
 
-        methods = {"specjax temperature_sample": specjax_method(0),
-                   **{f"specjax speculative γ={g}": specjax_method(int(g)) for g in gammas},
-                   **{name: ct2_method(tr) for name, tr in translators.items()}}
+        methods = {
+            "specjax temperature_sample": specjax_method(0),
+            **{f"specjax speculative γ={g}": specjax_method(int(g)) for g in gammas},
+            **{name: ct2_method(tr) for name, tr in translators.items()},
+        }
         names = list(methods)
         for fn in methods.values():
             fn(0)  # warm-up / compile, untimed
@@ -548,13 +672,23 @@ def compare_with_ctranslate2(target: T5Model, draft: T5Model, rows: Sequence[Seq
         recs = {}
         for name in names:
             tokens = sum(len(o) for o in outs[name])
-            recs[name] = {"batch_size": bs, "method": name, "seconds": secs[name], "tokens": tokens,
-                          "tokens_per_s": tokens * repeats / secs[name],
-                          "identical": int(sum(np.array_equal(a, b) for a, b in zip(outs[name], ref)))}
-        best = max((k for k in names if k.startswith("specjax speculative")), key=lambda k: recs[k]["tokens_per_s"],
-                   default="specjax temperature_sample")
-        result["best"][bs] = {"method": best, "spec_over": {k: recs[best]["tokens_per_s"] / r["tokens_per_s"]
-                                                          for k, r in recs.items() if k != best}}
+            recs[name] = {
+                "batch_size": bs,
+                "method": name,
+                "seconds": secs[name],
+                "tokens": tokens,
+                "tokens_per_s": tokens * repeats / secs[name],
+                "identical": int(sum(np.array_equal(a, b) for a, b in zip(outs[name], ref))),
+            }
+        best = max(
+            (k for k in names if k.startswith("specjax speculative")),
+            key=lambda k: recs[k]["tokens_per_s"],
+            default="specjax temperature_sample",
+        )
+        result["best"][bs] = {
+            "method": best,
+            "spec_over": {k: recs[best]["tokens_per_s"] / r["tokens_per_s"] for k, r in recs.items() if k != best},
+        }
         result["records"] += list(recs.values())
     if tmp is not None:
         tmp.cleanup()
@@ -565,14 +699,19 @@ def format_ctranslate2(result: dict) -> str:
     """Markdown table of ``compare_with_ctranslate2`` output: tokens/s per method and batch size, the best
     speculative method's ratio over each, and the output agreement with specjax temperature_sample."""
     n = result["num_inputs"]
-    lines = [f"specjax vs CTranslate2 {result['ctranslate2']} on the same target and inputs, greedy, "
-             f"{n} inputs, max_decode_length={result['max_decode_length']}; jax {result['jax']} "
-             f"{result['backend']} ({result['device_kind']}); one process, methods alternating batch by batch",
-             "", "| batch | method | tokens/s | best speculative / this | identical to temperature_sample |",
-             "|---|---|---|---|---|"]
+    lines = [
+        f"specjax vs CTranslate2 {result['ctranslate2']} on the same target and inputs, greedy, "
+        f"{n} inputs, max_decode_length={result['max_decode_length']}; jax {result['jax']} "
+        f"{result['backend']} ({result['device_kind']}); one process, methods alternating batch by batch",
+        "",
+        "| batch | method | tokens/s | best speculative / this | identical to temperature_sample |",
+        "|---|---|---|---|---|",
+    ]
     for r in result["records"]:
         best = result["best"][r["batch_size"]]
         ratio = best["spec_over"].get(r["method"])
-        lines.append(f"| {r['batch_size']} | {r['method']}{' (best)' if r['method'] == best['method'] else ''} | "
-                     f"{r['tokens_per_s']:.1f} | {'' if ratio is None else f'{ratio:.2f}x'} | {r['identical']}/{n} |")
+        lines.append(
+            f"| {r['batch_size']} | {r['method']}{' (best)' if r['method'] == best['method'] else ''} | "
+            f"{r['tokens_per_s']:.1f} | {'' if ratio is None else f'{ratio:.2f}x'} | {r['identical']}/{n} |"
+        )
     return "\n".join(lines) + "\n"

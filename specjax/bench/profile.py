@@ -34,8 +34,17 @@ from typing import Callable, Sequence
 import jax
 import numpy as np
 
-__all__ = ["SCOPES", "read_trace", "Trace", "profile_calls", "CallsProfile", "machine_limits", "model_costs",
-           "profile_decode", "format_profile"]
+__all__ = [
+    "SCOPES",
+    "read_trace",
+    "Trace",
+    "profile_calls",
+    "CallsProfile",
+    "machine_limits",
+    "model_costs",
+    "profile_decode",
+    "format_profile",
+]
 
 #: The named scopes of the decode loops, in the order a report lists them.
 SCOPES = ("encode", "draft", "verify", "accept", "commit", "step", "sample")
@@ -68,12 +77,12 @@ def _fields(buf: bytes) -> dict[int, list]:
         if wt == 0:
             v, i = _varint(buf, i)
         elif wt == 1:
-            v, i = buf[i:i + 8], i + 8
+            v, i = buf[i : i + 8], i + 8
         elif wt == 2:
             ln, i = _varint(buf, i)
-            v, i = buf[i:i + ln], i + ln
+            v, i = buf[i : i + ln], i + ln
         elif wt == 5:
-            v, i = buf[i:i + 4], i + 4
+            v, i = buf[i : i + 4], i + 4
         else:
             raise ValueError(f"Unsupported protobuf wire type {wt} (a corrupt trace?).")
         out.setdefault(f, []).append(v)
@@ -100,6 +109,7 @@ def _str(d: dict, f: int) -> str:
 @dataclasses.dataclass(frozen=True)
 class _Op:
     """One HLO instruction of a compiled module: opcode, scope path (op_name metadata), computation id."""
+
     opcode: str
     op_name: str
     computation: int
@@ -131,6 +141,7 @@ class Trace:
       modules: module key -> (ops by instruction name, computation names by id, entry computation name),
         for every module whose HLO the trace carries.
     """
+
     events: dict[tuple[str, int], list[tuple[str, float, float]]]
     modules: dict[str, tuple[dict[str, _Op], dict[int, str], str]]
 
@@ -207,6 +218,7 @@ class CallsProfile:
       top_outside_ops: the 12 costliest thunks of the decode program outside the loop (the fixed per-call cost:
         encoders, conversions): (op, scope, ms per call, executions per call).
     """
+
     calls: int
     iterations: int
     call_ms: float
@@ -232,8 +244,11 @@ def _analyse_run(evs, ops: dict[str, _Op], comps: dict[int, str], entry: str):
     """One execution of the decode program -> (loop ns, iterations, scope ns, thunks in loop, outside ns,
     per-op (ns, count) in loop, scope function, per-op (ns, count) outside the loop)."""
     entry_ids = {cid for cid, name in comps.items() if name == entry}
-    loops = [(d, name) for name, s, d in evs if name in ops and ops[name].opcode == "while"
-             and ops[name].computation in entry_ids]
+    loops = [
+        (d, name)
+        for name, s, d in evs
+        if name in ops and ops[name].opcode == "while" and ops[name].computation in entry_ids
+    ]
     if not loops:
         return None
     _, loop_op = max(loops)
@@ -297,7 +312,9 @@ def _analyse_run(evs, ops: dict[str, _Op], comps: dict[int, str], entry: str):
     return loop_ns, iterations, scope_ns, thunks, outside_ns, per_op, scope, per_op_outside
 
 
-def profile_calls(call: Callable[[int], object], num: int, *, warmup: bool = True, log_dir: str | None = None) -> CallsProfile:
+def profile_calls(
+    call: Callable[[int], object], num: int, *, warmup: bool = True, log_dir: str | None = None
+) -> CallsProfile:
     """Times ``call(0) … call(num-1)`` untraced, then again under ``jax.profiler.trace``, and reads the trace.
 
     Args:
@@ -331,10 +348,16 @@ def profile_calls(call: Callable[[int], object], num: int, *, warmup: bool = Tru
         tmp.cleanup()
     # The decode program: the module with the longest total span over its runs that has a loop.
     spans = collections.Counter()
-    for (mod, run), evs in trace.events.items():
+    for (mod, _run), evs in trace.events.items():
         spans[mod] += _span(evs)
-    main = next((m for m, _ in spans.most_common() if m in trace.modules and any(
-        op.opcode == "while" for op in trace.modules[m][0].values())), None)
+    main = next(
+        (
+            m
+            for m, _ in spans.most_common()
+            if m in trace.modules and any(op.opcode == "while" for op in trace.modules[m][0].values())
+        ),
+        None,
+    )
     if main is None:
         raise RuntimeError(f"The trace holds no compiled loop with its HLO (programs seen: {sorted(spans)}).")
     ops, comps, entry = trace.modules[main]
@@ -344,7 +367,7 @@ def profile_calls(call: Callable[[int], object], num: int, *, warmup: bool = Tru
     per_op_outside = collections.defaultdict(lambda: [0.0, 0])
     scope_fn = None
     runs = 0
-    for (mod, run), evs in trace.events.items():
+    for (mod, _run), evs in trace.events.items():
         if mod != main:
             continue
         res = _analyse_run(evs, ops, comps, entry)
@@ -362,7 +385,7 @@ def profile_calls(call: Callable[[int], object], num: int, *, warmup: bool = Tru
                 acc[k][0] += d
                 acc[k][1] += c
     other = collections.Counter()
-    for (mod, run), evs in trace.events.items():
+    for (mod, _run), evs in trace.events.items():
         if mod != main:
             other[mod.rsplit("(", 1)[0]] += _span(evs)
     busy_ns = sum(_span(evs) for evs in trace.events.values())
@@ -371,24 +394,31 @@ def profile_calls(call: Callable[[int], object], num: int, *, warmup: bool = Tru
     top_outside = sorted(per_op_outside.items(), key=lambda kv: -kv[1][0])[:12]
     n = max(1, runs)
     return CallsProfile(
-        calls=runs, iterations=iterations, call_ms=call_ms, traced_call_ms=traced_call_ms,
-        loop_ms=loop_ns / max(1, runs) / 1e6, iteration_ms=loop_ns / it / 1e6,
+        calls=runs,
+        iterations=iterations,
+        call_ms=call_ms,
+        traced_call_ms=traced_call_ms,
+        loop_ms=loop_ns / max(1, runs) / 1e6,
+        iteration_ms=loop_ns / it / 1e6,
         scope_ms_per_iteration={k: v / it / 1e6 for k, v in scope_ns.items()},
         thunks_per_iteration=thunks / it,
         outside_loop_ms={k: v / max(1, runs) / 1e6 for k, v in outside_ns.items()},
         other_programs_ms={k: v / max(1, runs) / 1e6 for k, v in other.items()},
         host_ms=traced_call_ms - busy_ns / max(1, runs) / 1e6,
-        fixed_ms=traced_call_ms - loop_ns / max(1, runs) / 1e6, module=main,
+        fixed_ms=traced_call_ms - loop_ns / max(1, runs) / 1e6,
+        module=main,
         top_ops=[(k, scope_fn(k) if scope_fn else "", d / it / 1e6, c / it) for k, (d, c) in top],
-        top_outside_ops=[(k, scope_fn(k) if scope_fn else "", d / n / 1e6, c / n) for k, (d, c) in top_outside])
+        top_outside_ops=[(k, scope_fn(k) if scope_fn else "", d / n / 1e6, c / n) for k, (d, c) in top_outside],
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------
 # This machine's limits and the models' costs
 
 
-def machine_limits(copy_bytes: int = 1 << 28, cache_bytes: int = 1 << 24, matmul_n: int = 2048,
-                   repeats: int = 5) -> dict:
+def machine_limits(
+    copy_bytes: int = 1 << 28, cache_bytes: int = 1 << 24, matmul_n: int = 2048, repeats: int = 5
+) -> dict:
     """Measures memory bandwidth and matmul throughput (best of ``repeats``).
 
     Args:
@@ -399,6 +429,7 @@ def machine_limits(copy_bytes: int = 1 << 28, cache_bytes: int = 1 << 24, matmul
       dict: ``memory_gb_s`` and ``cache_gb_s`` (bytes read + written per second / 1e9, NumPy ``copyto``),
       ``matmul_gflop_s`` (2n³ / seconds / 1e9), and the sizes used.
     """
+
     def copy_rate(nbytes):
         src = np.ones(nbytes // 4, np.float32)
         dst = np.empty_like(src)
@@ -419,9 +450,14 @@ def machine_limits(copy_bytes: int = 1 << 28, cache_bytes: int = 1 << 24, matmul
         t0 = time.perf_counter()
         mm(a, a).block_until_ready()
         best = min(best, time.perf_counter() - t0)
-    return {"memory_gb_s": copy_rate(copy_bytes), "cache_gb_s": copy_rate(cache_bytes),
-            "matmul_gflop_s": 2 * matmul_n ** 3 / best / 1e9, "copy_bytes": copy_bytes, "cache_bytes": cache_bytes,
-            "matmul_n": matmul_n}
+    return {
+        "memory_gb_s": copy_rate(copy_bytes),
+        "cache_gb_s": copy_rate(cache_bytes),
+        "matmul_gflop_s": 2 * matmul_n**3 / best / 1e9,
+        "copy_bytes": copy_bytes,
+        "cache_bytes": cache_bytes,
+        "matmul_n": matmul_n,
+    }
 
 
 def model_costs(model) -> dict:
@@ -454,8 +490,17 @@ def model_costs(model) -> dict:
 # The decode functions, profiled
 
 
-def profile_decode(target, draft, batches: Sequence[np.ndarray], *, gamma: int, temperature: float,
-                   max_decode_length: int, seed: int = 0, limits: dict | None = None) -> dict:
+def profile_decode(
+    target,
+    draft,
+    batches: Sequence[np.ndarray],
+    *,
+    gamma: int,
+    temperature: float,
+    max_decode_length: int,
+    seed: int = 0,
+    limits: dict | None = None,
+) -> dict:
     """Profiles ``speculative_sample`` and ``temperature_sample`` as a user calls them, on the same batches.
 
     Args:
@@ -473,7 +518,9 @@ def profile_decode(target, draft, batches: Sequence[np.ndarray], *, gamma: int, 
     kw = dict(max_decode_length=max_decode_length, temperature=temperature)
 
     def spec(j):
-        return finish(speculative_sample(target, draft, batches[j], rng=jax.random.PRNGKey(seed + j), gamma=gamma, **kw))
+        return finish(
+            speculative_sample(target, draft, batches[j], rng=jax.random.PRNGKey(seed + j), gamma=gamma, **kw)
+        )
 
     def base(j):
         return finish(temperature_sample(target, batches[j], rng=jax.random.PRNGKey(seed + j), **kw))
@@ -481,64 +528,97 @@ def profile_decode(target, draft, batches: Sequence[np.ndarray], *, gamma: int, 
     limits = limits or machine_limits()
     tc, dc = model_costs(target), model_costs(draft)
     b = int(batches[0].shape[0])
-    out = {"gamma": gamma, "temperature": temperature, "batch_size": b, "num_calls": len(batches),
-           "max_decode_length": max_decode_length, "limits": limits, "target_costs": tc, "draft_costs": dc}
-    reads = {"speculative": gamma * dc["step_weight_bytes"] + tc["step_weight_bytes"],
-             "baseline": tc["step_weight_bytes"]}
-    flops = {"speculative": b * (gamma * dc["flops_per_token"] + (gamma + 1) * tc["flops_per_token"]),
-             "baseline": b * tc["flops_per_token"]}
+    out = {
+        "gamma": gamma,
+        "temperature": temperature,
+        "batch_size": b,
+        "num_calls": len(batches),
+        "max_decode_length": max_decode_length,
+        "limits": limits,
+        "target_costs": tc,
+        "draft_costs": dc,
+    }
+    reads = {
+        "speculative": gamma * dc["step_weight_bytes"] + tc["step_weight_bytes"],
+        "baseline": tc["step_weight_bytes"],
+    }
+    flops = {
+        "speculative": b * (gamma * dc["flops_per_token"] + (gamma + 1) * tc["flops_per_token"]),
+        "baseline": b * tc["flops_per_token"],
+    }
     for name, fn in (("speculative", spec), ("baseline", base)):
         out[name] = dataclasses.asdict(profile_calls(fn, len(batches)))
         out[name]["floor"] = {
-            "weight_bytes": reads[name], "flops": flops[name],
+            "weight_bytes": reads[name],
+            "flops": flops[name],
             "memory_ms": reads[name] / (limits["memory_gb_s"] * 1e9) * 1e3,
             "cache_ms": reads[name] / (limits["cache_gb_s"] * 1e9) * 1e3,
-            "compute_ms": flops[name] / (limits["matmul_gflop_s"] * 1e9) * 1e3}
+            "compute_ms": flops[name] / (limits["matmul_gflop_s"] * 1e9) * 1e3,
+        }
     return out
 
 
 def format_profile(report: dict) -> str:
     """Markdown of ``profile_decode`` output: per iteration per scope, per call, the floors, the costliest ops."""
     L = report["limits"]
-    head = (f"### batch {report['batch_size']}, temperature {report['temperature']:g}, γ {report['gamma']} "
-            f"({report['num_calls']} calls, max_decode_length {report['max_decode_length']})")
+    head = (
+        f"### batch {report['batch_size']}, temperature {report['temperature']:g}, γ {report['gamma']} "
+        f"({report['num_calls']} calls, max_decode_length {report['max_decode_length']})"
+    )
     lines = [head, ""]
     for name in ("speculative", "baseline"):
         p = report[name]
         f = p["floor"]
         it = p["iteration_ms"]
-        lines += [f"**{name}** (`{p['module']}`): {p['iterations']} iterations in {p['calls']} calls; "
-                  f"iteration {it:.3f} ms wall, {p['thunks_per_iteration']:.0f} thunks per iteration", "",
-                  "| per iteration | ms | share of iteration |", "|---|---|---|"]
-        scopes = sorted(p["scope_ms_per_iteration"].items(),
-                        key=lambda kv: (SCOPES.index(kv[0]) if kv[0] in SCOPES else 99, kv[0]))
+        lines += [
+            f"**{name}** (`{p['module']}`): {p['iterations']} iterations in {p['calls']} calls; "
+            f"iteration {it:.3f} ms wall, {p['thunks_per_iteration']:.0f} thunks per iteration",
+            "",
+            "| per iteration | ms | share of iteration |",
+            "|---|---|---|",
+        ]
+        scopes = sorted(
+            p["scope_ms_per_iteration"].items(), key=lambda kv: (SCOPES.index(kv[0]) if kv[0] in SCOPES else 99, kv[0])
+        )
         total = 0.0
         for s, ms in scopes:
             total += ms
             lines.append(f"| {s} | {ms:.3f} | {ms / it:.0%} |")
-        lines += [f"| thunks, sum | {total:.3f} | {total / it:.0%} |",
-                  f"| loop wall − thunk sum (executor, gaps; < 0 where thunks overlap) | {it - total:.3f} | "
-                  f"{(it - total) / it:.0%} |",
-                  f"| floor: {f['weight_bytes'] / 1e6:.1f} MB weights / {L['memory_gb_s']:.1f} GB/s memory | "
-                  f"{f['memory_ms']:.3f} | {f['memory_ms'] / it:.0%} |",
-                  f"| floor: same from cache at {L['cache_gb_s']:.1f} GB/s | {f['cache_ms']:.3f} | {f['cache_ms'] / it:.0%} |",
-                  f"| floor: {f['flops'] / 1e6:.1f} MFLOP / {L['matmul_gflop_s']:.1f} GFLOP/s matmul | "
-                  f"{f['compute_ms']:.3f} | {f['compute_ms'] / it:.0%} |", "",
-                  "| per call | ms |", "|---|---|",
-                  f"| call, untraced (wall) | {p['call_ms']:.3f} |",
-                  f"| call, traced (profiler overhead {p['traced_call_ms'] - p['call_ms']:+.3f}) | {p['traced_call_ms']:.3f} |",
-                  f"| loop (traced) | {p['loop_ms']:.3f} |"]
+        lines += [
+            f"| thunks, sum | {total:.3f} | {total / it:.0%} |",
+            f"| loop wall − thunk sum (executor, gaps; < 0 where thunks overlap) | {it - total:.3f} | "
+            f"{(it - total) / it:.0%} |",
+            f"| floor: {f['weight_bytes'] / 1e6:.1f} MB weights / {L['memory_gb_s']:.1f} GB/s memory | "
+            f"{f['memory_ms']:.3f} | {f['memory_ms'] / it:.0%} |",
+            f"| floor: same from cache at {L['cache_gb_s']:.1f} GB/s | {f['cache_ms']:.3f} | {f['cache_ms'] / it:.0%} |",
+            f"| floor: {f['flops'] / 1e6:.1f} MFLOP / {L['matmul_gflop_s']:.1f} GFLOP/s matmul | "
+            f"{f['compute_ms']:.3f} | {f['compute_ms'] / it:.0%} |",
+            "",
+            "| per call | ms |",
+            "|---|---|",
+            f"| call, untraced (wall) | {p['call_ms']:.3f} |",
+            f"| call, traced (profiler overhead {p['traced_call_ms'] - p['call_ms']:+.3f}) | {p['traced_call_ms']:.3f} |",
+            f"| loop (traced) | {p['loop_ms']:.3f} |",
+        ]
         for s, ms in sorted(p["outside_loop_ms"].items()):
             lines.append(f"| decode program outside the loop: {s} | {ms:.3f} |")
         for s, ms in sorted(p["other_programs_ms"].items()):
             lines.append(f"| other program `{s}` | {ms:.3f} |")
-        lines += [f"| host (validation, dispatch, transfers; traced call − programs' spans) | {p['host_ms']:.3f} |",
-                  f"| **fixed per-call cost** (traced call − traced loop) | {p['fixed_ms']:.3f} |", "",
-                  "| costliest loop thunks | scope | ms per iteration | runs per iteration |", "|---|---|---|---|"]
+        lines += [
+            f"| host (validation, dispatch, transfers; traced call − programs' spans) | {p['host_ms']:.3f} |",
+            f"| **fixed per-call cost** (traced call − traced loop) | {p['fixed_ms']:.3f} |",
+            "",
+            "| costliest loop thunks | scope | ms per iteration | runs per iteration |",
+            "|---|---|---|---|",
+        ]
         for op, s, ms, c in p["top_ops"]:
             lines.append(f"| `{op}` | {s} | {ms:.3f} | {c:.1f} |")
         if p.get("top_outside_ops"):
-            lines += ["", "| costliest thunks outside the loop | scope | ms per call | runs per call |", "|---|---|---|---|"]
+            lines += [
+                "",
+                "| costliest thunks outside the loop | scope | ms per call | runs per call |",
+                "|---|---|---|---|",
+            ]
             for op, s, ms, c in p["top_outside_ops"]:
                 lines.append(f"| `{op}` | {s} | {ms:.3f} | {c:.1f} |")
         lines.append("")

@@ -18,18 +18,31 @@ __all__ = ["TABLE_COLUMNS", "VARIANT_COLUMNS", "CSV_COLUMNS", "format_markdown",
 
 TABLE_COLUMNS = [
     # (key, header, format) -- the first six are the paper's Table 2 layout.
-    ("task", "task", "{}"), ("draft", "draft", "{}"), ("temperature", "temp", "{:g}"), ("gamma", "γ", "{}"),
-    ("alpha", "α", "{:.3f}"), ("speedup", "speedup", "{:.2f}x"),
-    ("alpha_source", "α source", "{}"), ("accepted_fraction", "accepted fraction", "{:.3f}"),
+    ("task", "task", "{}"),
+    ("draft", "draft", "{}"),
+    ("temperature", "temp", "{:g}"),
+    ("gamma", "γ", "{}"),
+    ("alpha", "α", "{:.3f}"),
+    ("speedup", "speedup", "{:.2f}x"),
+    ("alpha_source", "α source", "{}"),
+    ("accepted_fraction", "accepted fraction", "{:.3f}"),
     ("mean_accepted_length", "mean accepted length", "{:.2f}"),
     ("accepted_per_position", "accepted per position", "{}"),
-    ("paper_alpha", "paper α", "{:.2f}"), ("paper_speedup", "paper speedup", "{:.1f}x"),
-    ("expected_improvement", "expected (theory)", "{:.2f}x"), ("speedup_over_expected", "measured/expected", "{:.2f}"),
-    ("c", "c", "{:.3f}"), ("window_over_step", "window/step", "{:.2f}"),
-    ("tokens_per_call", "tokens/call", "{:.2f}"), ("expected_tokens_per_call", "expected tokens/call", "{:.2f}"),
-    ("batch_size", "batch", "{}"), ("target", "target", "{}"), ("num_inputs", "inputs", "{}"),
-    ("spec_tokens_per_s", "spec tok/s", "{:.1f}"), ("base_tokens_per_s", "base tok/s", "{:.1f}"),
-    ("spec_compile_seconds", "spec compile s", "{:.1f}"), ("base_compile_seconds", "base compile s", "{:.1f}"),
+    ("paper_alpha", "paper α", "{:.2f}"),
+    ("paper_speedup", "paper speedup", "{:.1f}x"),
+    ("expected_improvement", "expected (theory)", "{:.2f}x"),
+    ("speedup_over_expected", "measured/expected", "{:.2f}"),
+    ("c", "c", "{:.3f}"),
+    ("window_over_step", "window/step", "{:.2f}"),
+    ("tokens_per_call", "tokens/call", "{:.2f}"),
+    ("expected_tokens_per_call", "expected tokens/call", "{:.2f}"),
+    ("batch_size", "batch", "{}"),
+    ("target", "target", "{}"),
+    ("num_inputs", "inputs", "{}"),
+    ("spec_tokens_per_s", "spec tok/s", "{:.1f}"),
+    ("base_tokens_per_s", "base tok/s", "{:.1f}"),
+    ("spec_compile_seconds", "spec compile s", "{:.1f}"),
+    ("base_compile_seconds", "base compile s", "{:.1f}"),
 ]
 
 # (key, header, format): which drafting variant a record measured (see ``_is_variant``).
@@ -83,31 +96,59 @@ def format_markdown(records: Sequence[dict]) -> str:
     if records:
         e = records[0]
         lines.append("")
-        lines.append(f"jax {e['jax']}, backend {e['backend']}, {e['device_count']} x {e['device_kind']}; "
-                     "speedup = temperature_sample time / speculative_sample time on the same inputs, after "
-                     "compilation; expected = (1 − α^(γ+1)) / ((1 − α)(γc + 1)) with the measured α and c; α = the paper's "
-                     "mean of β = Σ min(p, q) over verified positions, measured in the loop (α source 'loop') or "
-                     "inverted from tokens per target call ('tokens_per_call'); accepted fraction = accepted / "
-                     "drafted; accepted per position = how often draft position 1…γ was accepted.")
+        lines.append(
+            f"jax {e['jax']}, backend {e['backend']}, {e['device_count']} x {e['device_kind']}; "
+            "speedup = temperature_sample time / speculative_sample time on the same inputs, after "
+            "compilation; expected = (1 − α^(γ+1)) / ((1 − α)(γc + 1)) with the measured α and c; α = the paper's "
+            "mean of β = Σ min(p, q) over verified positions, measured in the loop (α source 'loop') or "
+            "inverted from tokens per target call ('tokens_per_call'); accepted fraction = accepted / "
+            "drafted; accepted per position = how often draft position 1…γ was accepted."
+        )
         if any(map(_is_variant, records)):
-            lines[-1] += (" verification: token = Leviathan et al. 2023, Algorithm 1; block = Sun et al. 2025. "
-                          "confidence threshold: each row stops drafting after a draft token whose probability "
-                          "is below it (γ is then the most drafted per iteration; empty = off).")
+            lines[-1] += (
+                " verification: token = Leviathan et al. 2023, Algorithm 1; block = Sun et al. 2025. "
+                "confidence threshold: each row stops drafting after a draft token whose probability "
+                "is below it (γ is then the most drafted per iteration; empty = off)."
+            )
         if any(r.get("max_ngram") is not None for r in records):
-            lines[-1] += (" draft prompt-lookup: n-gram proposals from the input and the output so far, no draft "
-                          "model (c = 0 in the theory; the lookup's cost is in the measured speedup).")
+            lines[-1] += (
+                " draft prompt-lookup: n-gram proposals from the input and the output so far, no draft "
+                "model (c = 0 in the theory; the lookup's cost is in the measured speedup)."
+            )
         if any(r.get("confidence_threshold") is not None or r.get("max_ngram") is not None for r in records):
-            lines[-1] += (" The theory assumes γ tokens drafted every iteration; confidence-stopped and "
-                          "prompt-lookup rows draft fewer (prompt lookup none when no n-gram matches), which "
-                          "the expected columns do not model.")
+            lines[-1] += (
+                " The theory assumes γ tokens drafted every iteration; confidence-stopped and "
+                "prompt-lookup rows draft fewer (prompt lookup none when no n-gram matches), which "
+                "the expected columns do not model."
+            )
     return "\n".join(lines) + "\n"
 
 
-CSV_COLUMNS = [k for k, _, _ in TABLE_COLUMNS] + [
-    "alpha_loop", "alpha_from_tokens", "expected_improvement_window", "draft_step_ms", "target_step_ms", "target_window_ms", "iteration_ms",
-    "spec_seconds", "base_seconds", "repeats", "max_decode_length", "greedy_identical", "quality_spec",
-    "quality_base", "jax", "backend", "device_kind", "device_count"] + [k for k, _, _ in VARIANT_COLUMNS] + [
-    "max_ngram"]
+CSV_COLUMNS = (
+    [k for k, _, _ in TABLE_COLUMNS]
+    + [
+        "alpha_loop",
+        "alpha_from_tokens",
+        "expected_improvement_window",
+        "draft_step_ms",
+        "target_step_ms",
+        "target_window_ms",
+        "iteration_ms",
+        "spec_seconds",
+        "base_seconds",
+        "repeats",
+        "max_decode_length",
+        "greedy_identical",
+        "quality_spec",
+        "quality_base",
+        "jax",
+        "backend",
+        "device_kind",
+        "device_count",
+    ]
+    + [k for k, _, _ in VARIANT_COLUMNS]
+    + ["max_ngram"]
+)
 
 
 def write_csv(records: Sequence[dict], path: str) -> None:
@@ -119,8 +160,14 @@ def write_csv(records: Sequence[dict], path: str) -> None:
         w = csv.writer(f)
         w.writerow(CSV_COLUMNS)
         for r in records:
-            w.writerow([_quality_text(r, k[len("quality_"):]) if k.startswith("quality_")
-                        else _cell(dict({"verification": "token"}, **r), k, "{}") for k in CSV_COLUMNS])
+            w.writerow(
+                [
+                    _quality_text(r, k[len("quality_") :])
+                    if k.startswith("quality_")
+                    else _cell(dict({"verification": "token"}, **r), k, "{}")
+                    for k in CSV_COLUMNS
+                ]
+            )
 
 
 def plot_records(records: Sequence[dict], out_dir: str) -> list[str]:
@@ -155,19 +202,31 @@ def plot_records(records: Sequence[dict], out_dir: str) -> list[str]:
         alpha = float(np.mean([r["alpha"] for r in rs]))
         c = float(np.mean([r["c"] for r in rs]))
         dense = np.arange(1, max(max(g), 1) + 1)
-        ax_s.plot(dense, [expected_improvement(alpha, int(x), c) for x in dense], "--", color=color,
-                  label=f"{label} theory (α={alpha:.2f}, c={c:.3f})")
+        ax_s.plot(
+            dense,
+            [expected_improvement(alpha, int(x), c) for x in dense],
+            "--",
+            color=color,
+            label=f"{label} theory (α={alpha:.2f}, c={c:.3f})",
+        )
         for r in rs:
             if r.get("paper_alpha") is not None:
                 ax_a.plot([r["gamma"]], [r["paper_alpha"]], "*", color=color, markersize=12)
             if r.get("paper_speedup") is not None:
                 ax_s.plot([r["gamma"]], [r["paper_speedup"]], "*", color=color, markersize=12)
-    ax_a.set(xlabel="γ (draft tokens per target call)", ylabel="α (paper §3.1) and accepted fraction", title="α (★ = paper)",
-             ylim=(0, 1.02))
+    ax_a.set(
+        xlabel="γ (draft tokens per target call)",
+        ylabel="α (paper §3.1) and accepted fraction",
+        title="α (★ = paper)",
+        ylim=(0, 1.02),
+    )
     ax_t.set(xlabel="γ", ylabel="tokens per target call", title="tokens per target call: measured vs theory")
     ax_s.axhline(1.0, color="grey", lw=0.8)
-    ax_s.set(xlabel="γ (draft tokens per target call)", ylabel="walltime speedup",
-             title="speedup over temperature_sample (★ = paper)")
+    ax_s.set(
+        xlabel="γ (draft tokens per target call)",
+        ylabel="walltime speedup",
+        title="speedup over temperature_sample (★ = paper)",
+    )
     from matplotlib.ticker import MaxNLocator
 
     for ax in (ax_a, ax_t, ax_s):

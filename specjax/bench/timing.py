@@ -23,15 +23,22 @@ __all__ = ["environment", "finish", "PairMeasurement", "measure_pair", "measure_
 def environment() -> dict:
     """jax version, backend, device kind and count: recorded with every result."""
     devices = jax.devices()
-    return {"jax": jax.__version__, "backend": jax.default_backend(),
-            "device_kind": devices[0].device_kind, "device_count": len(devices)}
+    return {
+        "jax": jax.__version__,
+        "backend": jax.default_backend(),
+        "device_kind": devices[0].device_kind,
+        "device_count": len(devices),
+    }
 
 
 def finish(result):
     """Waits until every array field of a ``DecodeResult`` is computed (the decode functions may return
     before the device has finished); returns ``result``. Works for NumPy fields too."""
-    fields = (getattr(result, f.name) for f in dataclasses.fields(result)) if dataclasses.is_dataclass(result) \
+    fields = (
+        (getattr(result, f.name) for f in dataclasses.fields(result))
+        if dataclasses.is_dataclass(result)
         else jax.tree_util.tree_leaves(result)
+    )
     for v in fields:
         if hasattr(v, "block_until_ready"):
             v.block_until_ready()
@@ -55,6 +62,7 @@ class PairMeasurement:
       spec, base: ``DecodeResult`` per batch (from the last repeat).
       num_inputs: real rows (filler rows of the last batch excluded).
     """
+
     spec_seconds: float
     base_seconds: float
     spec_compile_seconds: float
@@ -93,7 +101,9 @@ class PairMeasurement:
     def accepted_fraction(self) -> float:
         """Accepted / drafted tokens over all real rows (not the paper's α: smaller for γ > 1, since drafts
         after the first rejection of an iteration are drafted but never tested)."""
-        return float(self._rows(self.spec, "num_accepted").sum() / max(1, self._rows(self.spec, "num_draft_tokens").sum()))
+        return float(
+            self._rows(self.spec, "num_accepted").sum() / max(1, self._rows(self.spec, "num_draft_tokens").sum())
+        )
 
     @property
     def row_accepted_fractions(self) -> np.ndarray:
@@ -112,7 +122,9 @@ class PairMeasurement:
     @property
     def mean_accepted_length(self) -> float:
         """Accepted draft tokens per iteration (per target call), over all real rows."""
-        return float(self._rows(self.spec, "num_accepted").sum() / max(1, self._rows(self.spec, "num_target_calls").sum()))
+        return float(
+            self._rows(self.spec, "num_accepted").sum() / max(1, self._rows(self.spec, "num_target_calls").sum())
+        )
 
     @property
     def tokens_per_target_call(self) -> float:
@@ -143,11 +155,25 @@ class PairMeasurement:
         return [s[:n] for s, n in zip(seqs, lens)]
 
 
-def measure_pair(target, draft, batches: Sequence[np.ndarray], *, gamma: int, temperature: float,
-                 max_decode_length: int, num_inputs: int | None = None, seed: int = 0, repeats: int = 1,
-                 top_k: int = 0, top_p: float = 1.0, max_input_length: int = 512, truncate: bool = False,
-                 verification: str = "token", draft_confidence_threshold: float | None = None,
-                 on_batch: Callable[[], None] | None = None) -> PairMeasurement:
+def measure_pair(
+    target,
+    draft,
+    batches: Sequence[np.ndarray],
+    *,
+    gamma: int,
+    temperature: float,
+    max_decode_length: int,
+    num_inputs: int | None = None,
+    seed: int = 0,
+    repeats: int = 1,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    max_input_length: int = 512,
+    truncate: bool = False,
+    verification: str = "token",
+    draft_confidence_threshold: float | None = None,
+    on_batch: Callable[[], None] | None = None,
+) -> PairMeasurement:
     """Runs speculative_sample and temperature_sample on the same batches, alternating, after compiling each.
 
     Args:
@@ -167,16 +193,21 @@ def measure_pair(target, draft, batches: Sequence[np.ndarray], *, gamma: int, te
     """
     from specjax import speculative_sample, temperature_sample
 
-    kw = dict(max_decode_length=max_decode_length, temperature=temperature, top_k=top_k, top_p=top_p,
-              max_input_length=max_input_length, truncate=truncate)
+    kw = dict(
+        max_decode_length=max_decode_length,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        max_input_length=max_input_length,
+        truncate=truncate,
+    )
 
     spec_kw = dict(kw, verification=verification)
     if draft_confidence_threshold is not None:  # the keyword stays unset for draft sources without confidence
         spec_kw["draft_confidence_threshold"] = draft_confidence_threshold
 
     def spec(j, x):
-        return finish(speculative_sample(target, draft, x, rng=jax.random.PRNGKey(seed + j), gamma=gamma,
-                                         **spec_kw))
+        return finish(speculative_sample(target, draft, x, rng=jax.random.PRNGKey(seed + j), gamma=gamma, **spec_kw))
 
     def base(j, x):
         return finish(temperature_sample(target, x, rng=jax.random.PRNGKey(seed + j), **kw))
@@ -259,13 +290,18 @@ def measure_cost_ratio(target, draft, encoder_input_tokens, gamma: int, steps: i
       one step), and ``window_over_step`` = target_window_s / target_step_s (how far that assumption holds).
     """
     costs = measure_costs(target, draft, encoder_input_tokens, [gamma], steps, repeats)
-    return {"draft_step_s": costs["draft_step_s"], "target_step_s": costs["target_step_s"],
-            "target_window_s": costs["target_window_s"][gamma], "c": costs["c"],
-            "window_over_step": costs["window_over_step"][gamma]}
+    return {
+        "draft_step_s": costs["draft_step_s"],
+        "target_step_s": costs["target_step_s"],
+        "target_window_s": costs["target_window_s"][gamma],
+        "c": costs["c"],
+        "window_over_step": costs["window_over_step"][gamma],
+    }
 
 
-def measure_costs(target, draft, encoder_input_tokens, gammas: Sequence[int], steps: int = 32,
-                  repeats: int = 3) -> dict:
+def measure_costs(
+    target, draft, encoder_input_tokens, gammas: Sequence[int], steps: int = 32, repeats: int = 3
+) -> dict:
     """``measure_cost_ratio`` for several γ at once (the k=1 steps are timed once, the windows per γ).
 
     Args:
@@ -282,5 +318,10 @@ def measure_costs(target, draft, encoder_input_tokens, gammas: Sequence[int], st
     d = None if draft is None else _time_steps(draft, tokens, 1, steps, repeats)
     t1 = _time_steps(target, tokens, 1, steps, repeats)
     windows = {int(g): _time_steps(target, tokens, int(g) + 1, steps, repeats) for g in sorted(set(gammas))}
-    return {"draft_step_s": d, "target_step_s": t1, "c": 0.0 if d is None else d / t1, "target_window_s": windows,
-            "window_over_step": {g: w / t1 for g, w in windows.items()}}
+    return {
+        "draft_step_s": d,
+        "target_step_s": t1,
+        "c": 0.0 if d is None else d / t1,
+        "target_window_s": windows,
+        "window_over_step": {g: w / t1 for g, w in windows.items()},
+    }

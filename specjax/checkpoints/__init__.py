@@ -32,21 +32,27 @@ def detect_format(path: str) -> tuple[str, str]:
       CheckpointError: nothing recognisable there (the message lists what was looked for and found).
     """
     from specjax.checkpoints import hf, t5x
+
     path = os.fspath(path)
     if t5x.is_gcs(path):
         if t5x.find_t5x(path) is None:
             raise CheckpointError(f"No T5X checkpoint at {path!r} (gs:// paths are read as T5X only).")
         return "t5x", path
     if not os.path.exists(path):
-        raise FileNotFoundError(f"No checkpoint at {path!r}: the path does not exist. Check the spelling, or "
-                                "download the checkpoint first.")
+        raise FileNotFoundError(
+            f"No checkpoint at {path!r}: the path does not exist. Check the spelling, or download the checkpoint first."
+        )
     if hf.find_hf(path) is not None:
         return "hf", path
     if os.path.isdir(path):
         if t5x.find_t5x(path) is not None:
             return "t5x", path
-        steps = [(int(m.group(1)), e) for e in os.listdir(path)
-                 for m in [re.fullmatch(r"checkpoint_(\d+)", e)] if m and os.path.isdir(os.path.join(path, e))]
+        steps = [
+            (int(m.group(1)), e)
+            for e in os.listdir(path)
+            for m in [re.fullmatch(r"checkpoint_(\d+)", e)]
+            if m and os.path.isdir(os.path.join(path, e))
+        ]
         if steps:
             return "t5x", os.path.join(path, max(steps)[1])
         entries = sorted(os.listdir(path))
@@ -54,7 +60,8 @@ def detect_format(path: str) -> tuple[str, str]:
         raise CheckpointError(
             f"No recognisable checkpoint in {path!r} (it holds: {shown}). specjax reads a Hugging Face "
             "directory (config.json + model.safetensors or pytorch_model.bin), a T5X checkpoint_N directory "
-            "(a 'checkpoint' msgpack file, or Orbax 'state/_METADATA'), or a T5X msgpack file.")
+            "(a 'checkpoint' msgpack file, or Orbax 'state/_METADATA'), or a T5X msgpack file."
+        )
     if os.path.basename(path) == "config.json":
         raise CheckpointError(f"{path!r} is a config, not weights: pass its directory.")
     return "t5x", path  # a bare file: the T5X msgpack (its reader reports a clear error otherwise)
@@ -96,7 +103,9 @@ def load_checkpoint(path: str | os.PathLike, *, dtype: Any = "float32", **config
         not match the config.
     """
     import jax
+
     from specjax.checkpoints import hf, t5x
+
     kind, where = detect_format(path)
     if kind == "hf":
         config, flat = hf.load_hf(where)
@@ -130,6 +139,7 @@ def save_checkpoint(model: T5Model, path: str | os.PathLike, format: str = "hf",
       CheckpointError: parameters that do not match ``model.config``.
     """
     from specjax.checkpoints import hf, rules, t5x
+
     path = os.fspath(path)
     if format == "hf":
         return hf.write_hf(model.config, model.params, path)

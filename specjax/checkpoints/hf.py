@@ -23,21 +23,36 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from specjax.config import T5Config
 from specjax.checkpoints.rules import CheckpointError, hf_to_t5x, t5x_to_hf
+from specjax.config import T5Config
 
 __all__ = ["find_hf", "load_hf", "write_hf", "read_safetensors", "write_safetensors", "hf_config"]
 
-_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                 "pytorch_model.bin.index.json")
+_WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
 
-_ST_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
-              "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
+_ST_DTYPES = {
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U8": "uint8",
+    "BOOL": "bool",
+}
 
 
 def _np_dtype(name: str) -> np.dtype:
     if name == "bfloat16":
         import ml_dtypes
+
         return np.dtype(ml_dtypes.bfloat16)
     return np.dtype(name)
 
@@ -74,8 +89,10 @@ def read_safetensors(path: str) -> dict[str, np.ndarray]:
             raise CheckpointError(f"{path!r} is truncated: {size} bytes, not even a safetensors header.")
         n = int.from_bytes(head, "little")
         if n > size - 8 or n > 100_000_000:
-            raise CheckpointError(f"{path!r} is truncated or not a safetensors file: header claims {n} bytes, "
-                                  f"file has {size}. Download or copy it again.")
+            raise CheckpointError(
+                f"{path!r} is truncated or not a safetensors file: header claims {n} bytes, "
+                f"file has {size}. Download or copy it again."
+            )
         try:
             header = json.loads(f.read(n))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -84,8 +101,10 @@ def read_safetensors(path: str) -> dict[str, np.ndarray]:
     start = 8 + n
     end = max((int(v["data_offsets"][1]) for v in header.values()), default=0)
     if start + end > size:
-        raise CheckpointError(f"{path!r} is truncated: its header needs {start + end} bytes, the file has "
-                              f"{size}. Download or copy it again.")
+        raise CheckpointError(
+            f"{path!r} is truncated: its header needs {start + end} bytes, the file has "
+            f"{size}. Download or copy it again."
+        )
     if not header:
         return {}
     data = np.memmap(path, dtype=np.uint8, mode="r", offset=start, shape=(end,)) if end else np.zeros(0, np.uint8)
@@ -132,13 +151,15 @@ def _read_torch_bin(path: str) -> dict[str, np.ndarray]:
     try:
         import torch
     except ImportError as e:
-        raise CheckpointError(f"{path!r} is a PyTorch file; reading it needs torch (pip install torch), or "
-                              "convert it to safetensors.") from e
+        raise CheckpointError(
+            f"{path!r} is a PyTorch file; reading it needs torch (pip install torch), or convert it to safetensors."
+        ) from e
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
-        raise CheckpointError(f"{path!r} cannot be read by torch.load ({type(e).__name__}: {e}); is it "
-                              "truncated?") from e
+        raise CheckpointError(
+            f"{path!r} cannot be read by torch.load ({type(e).__name__}: {e}); is it truncated?"
+        ) from e
     out = {}
     for k, t in state.items():
         t = t.detach().contiguous()
@@ -191,8 +212,9 @@ def load_hf(path: str, dtype: Any = None) -> tuple[T5Config, dict[str, np.ndarra
     """
     found = find_hf(path)
     if found is None:
-        raise CheckpointError(f"{path!r} is not a Hugging Face checkpoint (needs config.json and one of "
-                              f"{', '.join(_WEIGHT_FILES)}).")
+        raise CheckpointError(
+            f"{path!r} is not a Hugging Face checkpoint (needs config.json and one of {', '.join(_WEIGHT_FILES)})."
+        )
     directory, file = found
     cfg_path = os.path.join(directory, "config.json")
     if not os.path.isfile(cfg_path):

@@ -27,8 +27,17 @@ import numpy as np
 from specjax.config import T5Config
 
 __all__ = [
-    "CheckpointError", "Rule", "RULES", "HF_ALIASES", "HF_IGNORED", "flatten", "unflatten",
-    "expected_shapes", "check_t5x_params", "hf_to_t5x", "t5x_to_hf",
+    "CheckpointError",
+    "Rule",
+    "RULES",
+    "HF_ALIASES",
+    "HF_IGNORED",
+    "flatten",
+    "unflatten",
+    "expected_shapes",
+    "check_t5x_params",
+    "hf_to_t5x",
+    "t5x_to_hf",
 ]
 
 
@@ -47,6 +56,7 @@ class Rule:
       transpose: True when the Hugging Face tensor is the transpose of the t5x one (2-D only).
       when: predicate on the config; the rule applies only where it is True (e.g. gated MLPs).
     """
+
     t5x: str
     hf: str
     transpose: bool
@@ -96,28 +106,36 @@ def _mlp(t5x_prefix: str, hf_prefix: str) -> list[Rule]:
 _E = "encoder.block.{i}.layer"
 _D = "decoder.block.{i}.layer"
 
-RULES: tuple[Rule, ...] = tuple([
-    Rule("token_embedder/embedding", "shared.weight", False),
-    # Encoder stack.
-    Rule("encoder/relpos_bias/rel_embedding",
-         "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight", True),
-    Rule("encoder/layers_{i}/pre_attention_layer_norm/scale", f"{_E}.0.layer_norm.weight", False),
-    *_attention("encoder/layers_{i}/attention", f"{_E}.0.SelfAttention"),
-    Rule("encoder/layers_{i}/pre_mlp_layer_norm/scale", f"{_E}.1.layer_norm.weight", False),
-    *_mlp("encoder/layers_{i}/mlp", f"{_E}.1.DenseReluDense"),
-    Rule("encoder/encoder_norm/scale", "encoder.final_layer_norm.weight", False),
-    # Decoder stack.
-    Rule("decoder/relpos_bias/rel_embedding",
-         "decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight", True),
-    Rule("decoder/layers_{i}/pre_self_attention_layer_norm/scale", f"{_D}.0.layer_norm.weight", False),
-    *_attention("decoder/layers_{i}/self_attention", f"{_D}.0.SelfAttention"),
-    Rule("decoder/layers_{i}/pre_cross_attention_layer_norm/scale", f"{_D}.1.layer_norm.weight", False),
-    *_attention("decoder/layers_{i}/encoder_decoder_attention", f"{_D}.1.EncDecAttention"),
-    Rule("decoder/layers_{i}/pre_mlp_layer_norm/scale", f"{_D}.2.layer_norm.weight", False),
-    *_mlp("decoder/layers_{i}/mlp", f"{_D}.2.DenseReluDense"),
-    Rule("decoder/decoder_norm/scale", "decoder.final_layer_norm.weight", False),
-    Rule("decoder/logits_dense/kernel", "lm_head.weight", True, _untied),
-])
+RULES: tuple[Rule, ...] = tuple(
+    [
+        Rule("token_embedder/embedding", "shared.weight", False),
+        # Encoder stack.
+        Rule(
+            "encoder/relpos_bias/rel_embedding",
+            "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
+            True,
+        ),
+        Rule("encoder/layers_{i}/pre_attention_layer_norm/scale", f"{_E}.0.layer_norm.weight", False),
+        *_attention("encoder/layers_{i}/attention", f"{_E}.0.SelfAttention"),
+        Rule("encoder/layers_{i}/pre_mlp_layer_norm/scale", f"{_E}.1.layer_norm.weight", False),
+        *_mlp("encoder/layers_{i}/mlp", f"{_E}.1.DenseReluDense"),
+        Rule("encoder/encoder_norm/scale", "encoder.final_layer_norm.weight", False),
+        # Decoder stack.
+        Rule(
+            "decoder/relpos_bias/rel_embedding",
+            "decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
+            True,
+        ),
+        Rule("decoder/layers_{i}/pre_self_attention_layer_norm/scale", f"{_D}.0.layer_norm.weight", False),
+        *_attention("decoder/layers_{i}/self_attention", f"{_D}.0.SelfAttention"),
+        Rule("decoder/layers_{i}/pre_cross_attention_layer_norm/scale", f"{_D}.1.layer_norm.weight", False),
+        *_attention("decoder/layers_{i}/encoder_decoder_attention", f"{_D}.1.EncDecAttention"),
+        Rule("decoder/layers_{i}/pre_mlp_layer_norm/scale", f"{_D}.2.layer_norm.weight", False),
+        *_mlp("decoder/layers_{i}/mlp", f"{_D}.2.DenseReluDense"),
+        Rule("decoder/decoder_norm/scale", "decoder.final_layer_norm.weight", False),
+        Rule("decoder/logits_dense/kernel", "lm_head.weight", True, _untied),
+    ]
+)
 """The mapping, t5x <-> Hugging Face. Sources: t5x ``examples/t5/network.py`` (names, kernel layouts) and
 transformers ``models/t5/modeling_t5.py`` (state-dict keys)."""
 
@@ -169,14 +187,17 @@ def expected_shapes(config: T5Config) -> dict[str, tuple[int, ...]]:
     """t5x name -> shape of every parameter the model built from ``config`` has (from
     ``specjax.models.t5.abstract_params``; nothing is allocated)."""
     from specjax.models.t5 import abstract_params
+
     return {k: tuple(v.shape) for k, v in flatten(abstract_params(config)).items()}
 
 
 def _shape_hint(config: T5Config) -> str:
-    return (f"config: vocab_size={config.vocab_size}, d_model={config.d_model}, num_heads={config.num_heads}, "
-            f"head_dim={config.head_dim}, mlp_dim={config.mlp_dim}, "
-            f"layers={config.num_encoder_layers}/{config.num_decoder_layers}, "
-            f"relative_attention_num_buckets={config.relative_attention_num_buckets}")
+    return (
+        f"config: vocab_size={config.vocab_size}, d_model={config.d_model}, num_heads={config.num_heads}, "
+        f"head_dim={config.head_dim}, mlp_dim={config.mlp_dim}, "
+        f"layers={config.num_encoder_layers}/{config.num_decoder_layers}, "
+        f"relative_attention_num_buckets={config.relative_attention_num_buckets}"
+    )
 
 
 def _listing(names: Iterable[str], limit: int = 8) -> str:
@@ -197,7 +218,8 @@ def check_t5x_params(flat: Mapping[str, Any], config: T5Config, source: str) -> 
     if unknown:
         raise CheckpointError(
             f"{source}: parameters not in a {config.family} T5 with this config: {_listing(unknown)}. "
-            f"Is it a T5 encoder-decoder checkpoint? ({_shape_hint(config)})")
+            f"Is it a T5 encoder-decoder checkpoint? ({_shape_hint(config)})"
+        )
     missing = set(expected) - set(flat)
     if missing:
         raise CheckpointError(f"{source}: missing parameters {_listing(missing)} ({_shape_hint(config)}).")
@@ -206,7 +228,8 @@ def check_t5x_params(flat: Mapping[str, Any], config: T5Config, source: str) -> 
         if got != shape:
             raise CheckpointError(
                 f"{source}: parameter {name!r} has shape {got}, but the config expects {shape} "
-                f"({_shape_hint(config)}). The checkpoint and its config disagree.")
+                f"({_shape_hint(config)}). The checkpoint and its config disagree."
+            )
 
 
 def _rule_for_hf(key: str, config: T5Config) -> tuple[Rule, str] | None:
@@ -218,8 +241,9 @@ def _rule_for_hf(key: str, config: T5Config) -> tuple[Rule, str] | None:
     return None
 
 
-def hf_to_t5x(tensors: Mapping[str, Any], config: T5Config, source: str = "checkpoint",
-              dtype: Any = None) -> dict[str, np.ndarray]:
+def hf_to_t5x(
+    tensors: Mapping[str, Any], config: T5Config, source: str = "checkpoint", dtype: Any = None
+) -> dict[str, np.ndarray]:
     """Hugging Face state dict -> flat t5x-named parameters (numpy), checked against ``config``.
 
     Args:
@@ -261,7 +285,8 @@ def hf_to_t5x(tensors: Mapping[str, Any], config: T5Config, source: str = "check
             raise CheckpointError(
                 f"{source}: {key!r} has shape {got}, but {_shape_hint(config)} expects {want} "
                 f"(t5x {name!r} {expected[name]}). The weights and config.json disagree: fix config.json "
-                "or use the config the checkpoint was saved with.")
+                "or use the config the checkpoint was saved with."
+            )
         arr = np.asarray(value)
         arr = np.ascontiguousarray(arr.T) if rule.transpose else np.array(arr)
         out[name] = arr if dtype is None else arr.astype(dtype)
@@ -269,18 +294,21 @@ def hf_to_t5x(tensors: Mapping[str, Any], config: T5Config, source: str = "check
         raise CheckpointError(
             f"{source}: keys no rule maps to a specjax T5 parameter: {_listing(unmapped)}. specjax reads "
             "T5ForConditionalGeneration checkpoints (T5 1.0, 1.1, Flan-T5); relu needs feed_forward_proj='relu' "
-            "and wi_0/wi_1 need 'gated-gelu' in config.json.")
+            "and wi_0/wi_1 need 'gated-gelu' in config.json."
+        )
     if unexpected:
         raise CheckpointError(
             f"{source}: keys the config does not expect: {_listing(unexpected)} ({_shape_hint(config)}). "
-            "Does config.json match the weights?")
+            "Does config.json match the weights?"
+        )
     for key in alias_keys:
         target = aliases[key]
         if target not in tensors:  # e.g. only encoder.embed_tokens.weight was saved
             if "token_embedder/embedding" not in out:
                 tensors_target = np.asarray(tensors[key])
-                out["token_embedder/embedding"] = (tensors_target if dtype is None
-                                                   else tensors_target.astype(dtype)).copy()
+                out["token_embedder/embedding"] = (
+                    tensors_target if dtype is None else tensors_target.astype(dtype)
+                ).copy()
             continue
         if not np.array_equal(np.asarray(tensors[key]), np.asarray(tensors[target])):
             if key == "lm_head.weight":
@@ -288,17 +316,22 @@ def hf_to_t5x(tensors: Mapping[str, Any], config: T5Config, source: str = "check
                     f"{source}: lm_head.weight differs from shared.weight, but config.json scales logits "
                     "through the tied embedding (tie_word_embeddings/scale_decoder_outputs true). specjax "
                     "cannot represent an untied head with embedding scaling; set tie_word_embeddings=false "
-                    "if the head is really untied.")
+                    "if the head is really untied."
+                )
             raise CheckpointError(f"{source}: {key} should equal {target} (tied in transformers) but differs.")
-    if not config.logits_via_embedding and "decoder/logits_dense/kernel" not in out \
-            and "token_embedder/embedding" in out:
+    if (
+        not config.logits_via_embedding
+        and "decoder/logits_dense/kernel" not in out
+        and "token_embedder/embedding" in out
+    ):
         # transformers >= 5 ties lm_head to shared and saves only shared.weight (scale_decoder_outputs false).
         out["decoder/logits_dense/kernel"] = np.ascontiguousarray(out["token_embedder/embedding"].T)
     missing = set(expected) - set(out)
     if missing:
         names = [t5x_to_hf_name(n, config) for n in missing]
-        raise CheckpointError(f"{source}: missing keys {_listing(names)} ({_shape_hint(config)}). "
-                              "Is the file complete?")
+        raise CheckpointError(
+            f"{source}: missing keys {_listing(names)} ({_shape_hint(config)}). Is the file complete?"
+        )
     return out
 
 

@@ -28,8 +28,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from specjax.config import T5Config
 from specjax.checkpoints.rules import CheckpointError, check_t5x_params, flatten, unflatten
+from specjax.config import T5Config
 
 __all__ = ["find_t5x", "read_t5x", "infer_config", "write_t5x", "is_gcs"]
 
@@ -45,13 +45,14 @@ def _kvstore(path: str) -> dict:
     """A TensorStore kvstore spec for a local or gs:// directory (trailing ``/``)."""
     path = str(path).rstrip("/") + "/"
     if is_gcs(path):
-        bucket, _, rest = path[len("gs://"):].partition("/")
+        bucket, _, rest = path[len("gs://") :].partition("/")
         return {"driver": "gcs", "bucket": bucket, "path": rest}
     return {"driver": "file", "path": os.path.abspath(path) + "/"}
 
 
 def _gcs_read(path: str) -> bytes | None:
     import tensorstore as ts
+
     parent, _, name = str(path).rstrip("/").rpartition("/")
     store = ts.KvStore.open(_kvstore(parent)).result()
     result = store.read(name).result()
@@ -87,9 +88,11 @@ def find_t5x(path: str) -> tuple[str, str] | None:
     if is_gcs(path):
         if path.rstrip("/").endswith("/" + _MSGPACK_FILE):
             return "legacy", path
-        for kind, probe, result in (("legacy", f"{path.rstrip('/')}/{_MSGPACK_FILE}", None),
-                                    ("orbax", f"{path.rstrip('/')}/state/_METADATA", "state"),
-                                    ("orbax", f"{path.rstrip('/')}/_METADATA", "")):
+        for kind, probe, result in (
+            ("legacy", f"{path.rstrip('/')}/{_MSGPACK_FILE}", None),
+            ("orbax", f"{path.rstrip('/')}/state/_METADATA", "state"),
+            ("orbax", f"{path.rstrip('/')}/_METADATA", ""),
+        ):
             if _exists(probe):
                 return kind, probe if kind == "legacy" else f"{path.rstrip('/')}/{result}".rstrip("/")
         return None
@@ -98,8 +101,7 @@ def find_t5x(path: str) -> tuple[str, str] | None:
     if os.path.isfile(os.path.join(path, _MSGPACK_FILE)):
         return "legacy", os.path.join(path, _MSGPACK_FILE)
     for state in (os.path.join(path, "state"), path):
-        if (os.path.isfile(os.path.join(state, "_METADATA"))
-                or os.path.isfile(os.path.join(state, "manifest.ocdbt"))):
+        if os.path.isfile(os.path.join(state, "_METADATA")) or os.path.isfile(os.path.join(state, "manifest.ocdbt")):
             return "orbax", state
     return None
 
@@ -120,8 +122,9 @@ def read_t5x(path: str) -> dict[str, np.ndarray]:
     if found is None:
         if not _exists(path):
             raise FileNotFoundError(f"No checkpoint at {path!r}: the path does not exist.")
-        raise CheckpointError(f"{path!r} is not a T5X checkpoint (no 'checkpoint' msgpack file, no Orbax "
-                              "'state/_METADATA').")
+        raise CheckpointError(
+            f"{path!r} is not a T5X checkpoint (no 'checkpoint' msgpack file, no Orbax 'state/_METADATA')."
+        )
     kind, where = found
     return _read_legacy(where) if kind == "legacy" else _read_orbax(where)
 
@@ -132,13 +135,15 @@ def _is_ts_spec(x: Any) -> bool:
 
 def _read_legacy(file: str) -> dict[str, np.ndarray]:
     from flax import serialization
+
     data = _read_bytes(file)
     try:
         contents = serialization.msgpack_restore(data)
     except Exception as e:  # msgpack raises several types (ValueError, ExtraData, FormatError …)
         raise CheckpointError(
             f"{file!r} is truncated or not a T5X msgpack checkpoint ({type(e).__name__}: {e}; "
-            f"{len(data)} bytes). Copy or download it again.") from e
+            f"{len(data)} bytes). Copy or download it again."
+        ) from e
     if not isinstance(contents, Mapping):
         raise CheckpointError(f"{file!r} holds a {type(contents).__name__}, not a T5X checkpoint dict.")
     target = None
@@ -147,8 +152,10 @@ def _read_legacy(file: str) -> dict[str, np.ndarray]:
     elif "target" in contents:  # version-0 files
         target = contents["target"]
     if not isinstance(target, Mapping):
-        raise CheckpointError(f"{file!r} has no 'optimizer/target' parameters (top-level keys: "
-                              f"{sorted(contents)}); is it a T5X checkpoint?")
+        raise CheckpointError(
+            f"{file!r} has no 'optimizer/target' parameters (top-level keys: "
+            f"{sorted(contents)}); is it a T5X checkpoint?"
+        )
     ckpt_dir = file.rstrip("/").rpartition("/")[0] if is_gcs(file) else os.path.dirname(os.path.abspath(file))
     out = {}
     for name, leaf in _flatten_specs(target).items():
@@ -172,6 +179,7 @@ def _flatten_specs(tree: Mapping, prefix: str = "") -> dict[str, Any]:
 
 def _read_ts_leaf(spec: Mapping, ckpt_dir: str, name: str, file: str) -> np.ndarray:
     import tensorstore as ts
+
     spec = dict(spec)
     kv = spec.get("kvstore")
     rel = kv.get("path") if isinstance(kv, Mapping) else spec.pop("path", None)
@@ -185,20 +193,25 @@ def _read_ts_leaf(spec: Mapping, ckpt_dir: str, name: str, file: str) -> np.ndar
     try:
         return np.asarray(ts.open(spec, open=True, read=True).result().read().result())
     except Exception as e:
-        raise CheckpointError(f"{file!r}: cannot read parameter {name!r} from {location!r} "
-                              f"({type(e).__name__}: {e}). Is the checkpoint directory complete?") from e
+        raise CheckpointError(
+            f"{file!r}: cannot read parameter {name!r} from {location!r} "
+            f"({type(e).__name__}: {e}). Is the checkpoint directory complete?"
+        ) from e
 
 
 def _read_orbax(state_dir: str) -> dict[str, np.ndarray]:
     import tensorstore as ts
+
     ocdbt = _exists(f"{state_dir.rstrip('/')}/manifest.ocdbt")
     base = _kvstore(state_dir)
     store_spec = {"driver": "ocdbt", "base": base} if ocdbt else base
     try:
         keys = ts.KvStore.open(store_spec).result().list().result()
     except Exception as e:
-        raise CheckpointError(f"Orbax checkpoint {state_dir!r} cannot be listed ({type(e).__name__}: {e}); "
-                              "is manifest.ocdbt truncated or the directory incomplete?") from e
+        raise CheckpointError(
+            f"Orbax checkpoint {state_dir!r} cannot be listed ({type(e).__name__}: {e}); "
+            "is manifest.ocdbt truncated or the directory incomplete?"
+        ) from e
     arrays: dict[str, str] = {}
     for key in keys:
         key = key.decode() if isinstance(key, bytes) else key
@@ -206,22 +219,27 @@ def _read_orbax(state_dir: str) -> dict[str, np.ndarray]:
         if m:
             arrays[key.split("/")[0]] = "zarr3" if m.group(3) == "zarr.json" else "zarr"
     if not arrays:
-        raise CheckpointError(f"Orbax checkpoint {state_dir!r} holds no 'target' arrays "
-                              f"({len(keys)} keys); is it a T5X train state?")
+        raise CheckpointError(
+            f"Orbax checkpoint {state_dir!r} holds no 'target' arrays ({len(keys)} keys); is it a T5X train state?"
+        )
     prefixes = {a.split(".")[0] for a in arrays}
     prefix = "target" if "target" in prefixes else "params"
     out = {}
     for stored, driver in sorted(arrays.items()):
         if not stored.startswith(prefix + "."):
             continue
-        name = stored[len(prefix) + 1:].replace(".", "/")
-        spec = {"driver": driver, "kvstore": {**store_spec, "path": stored + "/"}} if ocdbt else \
-            {"driver": driver, "kvstore": _kvstore(f"{state_dir.rstrip('/')}/{stored}")}
+        name = stored[len(prefix) + 1 :].replace(".", "/")
+        spec = (
+            {"driver": driver, "kvstore": {**store_spec, "path": stored + "/"}}
+            if ocdbt
+            else {"driver": driver, "kvstore": _kvstore(f"{state_dir.rstrip('/')}/{stored}")}
+        )
         try:
             out[name] = np.asarray(ts.open(spec, open=True, read=True).result().read().result())
         except Exception as e:
-            raise CheckpointError(f"Orbax checkpoint {state_dir!r}: cannot read {stored!r} "
-                                  f"({type(e).__name__}: {e}).") from e
+            raise CheckpointError(
+                f"Orbax checkpoint {state_dir!r}: cannot read {stored!r} ({type(e).__name__}: {e})."
+            ) from e
     return out
 
 
@@ -238,10 +256,13 @@ def infer_config(flat: Mapping[str, Any], source: str = "checkpoint", **override
     Raises:
       CheckpointError: a parameter needed for the inference is missing.
     """
+
     def shape(name):
         if name not in flat:
-            raise CheckpointError(f"{source}: cannot infer the T5 config, {name!r} is missing "
-                                  f"(found {len(flat)} parameters, e.g. {sorted(flat)[:4]}).")
+            raise CheckpointError(
+                f"{source}: cannot infer the T5 config, {name!r} is missing "
+                f"(found {len(flat)} parameters, e.g. {sorted(flat)[:4]})."
+            )
         return tuple(np.shape(flat[name]))
 
     vocab, d_model = shape("token_embedder/embedding")
@@ -256,10 +277,19 @@ def infer_config(flat: Mapping[str, Any], source: str = "checkpoint", **override
 
     if nh % num_heads:
         raise CheckpointError(f"{source}: query width {nh} is not a multiple of num_heads={num_heads}.")
-    fields = dict(vocab_size=vocab, d_model=d_model, num_heads=num_heads, head_dim=nh // num_heads,
-                  mlp_dim=mlp_dim, num_encoder_layers=layers("encoder"), num_decoder_layers=layers("decoder"),
-                  gated_gelu=gated, logits_via_embedding="decoder/logits_dense/kernel" not in flat,
-                  relative_attention_num_buckets=buckets, name=os.path.basename(str(source).rstrip("/")))
+    fields = dict(
+        vocab_size=vocab,
+        d_model=d_model,
+        num_heads=num_heads,
+        head_dim=nh // num_heads,
+        mlp_dim=mlp_dim,
+        num_encoder_layers=layers("encoder"),
+        num_decoder_layers=layers("decoder"),
+        gated_gelu=gated,
+        logits_via_embedding="decoder/logits_dense/kernel" not in flat,
+        relative_attention_num_buckets=buckets,
+        name=os.path.basename(str(source).rstrip("/")),
+    )
     fields.update(overrides)
     return T5Config(**fields)
 
@@ -279,14 +309,17 @@ def write_t5x(params: Mapping[str, Any], directory: str, step: int = 0) -> str:
     Returns:
       The path of the msgpack file.
     """
-    from flax import serialization
     import jax
+    from flax import serialization
+
     if is_gcs(directory):
         raise CheckpointError("Writing T5X checkpoints to gs:// is not supported; write locally and copy.")
     flat = flatten(params) if any(isinstance(v, Mapping) for v in params.values()) else dict(params)
     target = unflatten({k: np.asarray(jax.device_get(v)) for k, v in flat.items()})
-    state = {"version": 3, "optimizer": {"target": target,
-                                         "state": {"step": np.asarray(step, np.int32), "param_states": {}}}}
+    state = {
+        "version": 3,
+        "optimizer": {"target": target, "state": {"step": np.asarray(step, np.int32), "param_states": {}}},
+    }
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, _MSGPACK_FILE)
     tmp = path + ".tmp"

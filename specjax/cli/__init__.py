@@ -15,33 +15,52 @@ import sys
 SUBCOMMANDS = ("demo", "translate", "generate", "convert", "train", "bench")
 
 
-def add_decoding_args(p: argparse.ArgumentParser, *, gamma: int, max_decode_length: int,
-                      seed_help: str = "PRNG seed for sampling") -> None:
+def add_decoding_args(
+    p: argparse.ArgumentParser, *, gamma: int, max_decode_length: int, seed_help: str = "PRNG seed for sampling"
+) -> None:
     """The speculative-sampling flags shared by subcommands: --gamma, --temperature, --top-k, --top-p,
     --max-decode-length (tokens) and --seed, with the subcommand's own defaults for gamma and length."""
     p.add_argument("--gamma", type=int, default=gamma, help=f"draft tokens per target call (default {gamma})")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); 1 = sample from the target")
     p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (default 0: all)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass to keep, in (0, 1] (default 1: all)")
-    p.add_argument("--max-decode-length", type=int, default=max_decode_length,
-                   help=f"output tokens per line at most (default {max_decode_length})")
+    p.add_argument(
+        "--max-decode-length",
+        type=int,
+        default=max_decode_length,
+        help=f"output tokens per line at most (default {max_decode_length})",
+    )
     p.add_argument("--seed", type=int, default=0, help=f"{seed_help} (default 0)")
-    p.add_argument("--verification", choices=["token", "block"], default="token",
-                   help="token: Leviathan et al. 2023, Algorithm 1 (default); block: Sun et al. 2025 (never fewer "
-                        "accepted tokens in expectation, same output distribution)")
-    p.add_argument("--draft-confidence-threshold", type=float, default=None, metavar="P",
-                   help="each row stops drafting after a draft token whose probability is below P, in [0, 1] "
-                        "(adaptive gamma up to --gamma; default: off)")
-    p.add_argument("--max-ngram", type=int, default=3,
-                   help="with --draft prompt-lookup: the longest n-gram matched (default 3)")
+    p.add_argument(
+        "--verification",
+        choices=["token", "block"],
+        default="token",
+        help="token: Leviathan et al. 2023, Algorithm 1 (default); block: Sun et al. 2025 (never fewer "
+        "accepted tokens in expectation, same output distribution)",
+    )
+    p.add_argument(
+        "--draft-confidence-threshold",
+        type=float,
+        default=None,
+        metavar="P",
+        help="each row stops drafting after a draft token whose probability is below P, in [0, 1] "
+        "(adaptive gamma up to --gamma; default: off)",
+    )
+    p.add_argument(
+        "--max-ngram", type=int, default=3, help="with --draft prompt-lookup: the longest n-gram matched (default 3)"
+    )
 
 
 def add_size_arg(p: argparse.ArgumentParser) -> None:
     """``--size mini|small``: which shipped pair (``specjax.load_default_pair(size=...)``) a subcommand uses
     without --target/--draft; default: ``specjax.defaults.default_size()`` ("small")."""
-    p.add_argument("--size", choices=["mini", "small"], default=None,
-                   help="which shipped pair: small (46.0M-parameter target, BLEU 31.6, about 2x speedup on a CPU; "
-                        "the default) or mini (13.5M, BLEU 25.6: fast per token, little speedup on a CPU)")
+    p.add_argument(
+        "--size",
+        choices=["mini", "small"],
+        default=None,
+        help="which shipped pair: small (46.0M-parameter target, BLEU 31.6, about 2x speedup on a CPU; "
+        "the default) or mini (13.5M, BLEU 25.6: fast per token, little speedup on a CPU)",
+    )
 
 
 def draft_source(args, draft):
@@ -49,6 +68,7 @@ def draft_source(args, draft):
     prompt-lookup`` was given (no draft model), else the loaded draft model unchanged."""
     if getattr(args, "draft", None) == "prompt-lookup":
         from specjax.decoding import PromptLookupDraft
+
         return PromptLookupDraft(max_ngram=args.max_ngram)
     return draft
 
@@ -63,16 +83,18 @@ def speculative_kwargs(args) -> dict:
     if c is not None and not 0.0 <= c <= 1.0:
         raise ValueError(f"--draft-confidence-threshold must be in [0, 1], got {c}; try 0.3 to 0.6.")
     if c is not None and getattr(args, "draft", None) == "prompt-lookup":
-        raise ValueError("--draft-confidence-threshold needs a draft model; a prompt-lookup proposal has no "
-                         "confidence (drop one of the two flags).")
+        raise ValueError(
+            "--draft-confidence-threshold needs a draft model; a prompt-lookup proposal has no "
+            "confidence (drop one of the two flags)."
+        )
     return dict(verification=args.verification, draft_confidence_threshold=c)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The top-level argument parser with every available subcommand."""
     parser = argparse.ArgumentParser(
-        prog="specjax",
-        description="Speculative sampling for T5 in JAX (Leviathan et al. 2023, Algorithm 1).")
+        prog="specjax", description="Speculative sampling for T5 in JAX (Leviathan et al. 2023, Algorithm 1)."
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:
         try:

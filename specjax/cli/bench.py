@@ -39,70 +39,118 @@ def _threshold(text: str) -> float | None:
 def add_parser(sub) -> None:
     """Registers ``specjax bench``."""
     p = sub.add_parser(
-        "bench", help="Table-2 style benchmark: alpha, speedup, theory vs measured, plots; --hf: vs transformers",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        "bench",
+        help="Table-2 style benchmark: alpha, speedup, theory vs measured, plots; --hf: vs transformers",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     src = p.add_argument_group("what to run")
     src.add_argument("--config", help="experiment file (e.g. configs/paper_table2.json, configs/default_pair_cpu.json)")
     src.add_argument("--task", action="append", help="only rows of this task (repeatable)")
     src.add_argument("--draft-name", action="append", help="only rows with this draft name (repeatable)")
-    src.add_argument("--model", action="append", default=[], metavar="NAME=PATH",
-                     help="replace a model of the experiment file, e.g. T5-XXL=gs://my-bucket/xxl_ende/checkpoint_N")
+    src.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="replace a model of the experiment file, e.g. T5-XXL=gs://my-bucket/xxl_ende/checkpoint_N",
+    )
     src.add_argument("--target", help="target checkpoint (overrides every row's target)")
-    src.add_argument("--draft", help="draft checkpoint, or 'prompt-lookup' (n-gram proposals from the input and the "
-                                     "output so far, no draft model); overrides every row's draft")
+    src.add_argument(
+        "--draft",
+        help="draft checkpoint, or 'prompt-lookup' (n-gram proposals from the input and the "
+        "output so far, no draft model); overrides every row's draft",
+    )
     src.add_argument("--tokenizer", help="SentencePiece model (local or gs://); 'default' = the shipped pair's")
     src.add_argument("--input", help="input text file, one input per line (without --config)")
     src.add_argument("--references", help="line-aligned references for BLEU/ROUGE (without --config)")
     src.add_argument("--metric", choices=["bleu", "rouge", "none"], help="quality metric (without --config: bleu)")
     src.add_argument("--task-name", default=None, help="task name printed in the table (without --config)")
-    src.add_argument("--prefix", default=None,
-                     help='task prefix, e.g. "translate English to German: " or "summarize: " (overrides the file)')
+    src.add_argument(
+        "--prefix",
+        default=None,
+        help='task prefix, e.g. "translate English to German: " or "summarize: " (overrides the file)',
+    )
     sweep = p.add_argument_group("sweep (override the experiment file)")
-    sweep.add_argument("--gammas", type=int, nargs="+", help="γ values (default: each row's; without --config 1 2 3 4 5)")
+    sweep.add_argument(
+        "--gammas", type=int, nargs="+", help="γ values (default: each row's; without --config 1 2 3 4 5)"
+    )
     sweep.add_argument("--temperatures", type=float, nargs="+", help="temperatures (default: each row's; else 0 1)")
     sweep.add_argument("--batch-sizes", type=int, nargs="+", default=[1], help="batch sizes (default 1)")
-    sweep.add_argument("--verification", nargs="+", choices=["token", "block"],
-                       help="verifiers: token = Leviathan et al. 2023, Algorithm 1; block = Sun et al. 2025 "
-                            "(default: each row's; else token)")
-    sweep.add_argument("--draft-confidence-threshold", type=_threshold, nargs="+", metavar="P",
-                       help="draft confidence thresholds in [0, 1], 'none' = off: a row stops drafting after a "
-                            "draft token whose probability is below P, γ at most (default: each row's; else off)")
-    sweep.add_argument("--max-ngram", type=int,
-                       help="with --draft prompt-lookup: the longest n-gram matched (default: each row's; else 3)")
+    sweep.add_argument(
+        "--verification",
+        nargs="+",
+        choices=["token", "block"],
+        help="verifiers: token = Leviathan et al. 2023, Algorithm 1; block = Sun et al. 2025 "
+        "(default: each row's; else token)",
+    )
+    sweep.add_argument(
+        "--draft-confidence-threshold",
+        type=_threshold,
+        nargs="+",
+        metavar="P",
+        help="draft confidence thresholds in [0, 1], 'none' = off: a row stops drafting after a "
+        "draft token whose probability is below P, γ at most (default: each row's; else off)",
+    )
+    sweep.add_argument(
+        "--max-ngram",
+        type=int,
+        help="with --draft prompt-lookup: the longest n-gram matched (default: each row's; else 3)",
+    )
     sweep.add_argument("--num-inputs", type=int, help="first N input lines (default: the file's; without --config 32)")
     sweep.add_argument("--max-decode-length", type=int, help="most output tokens (default: the file's; else 64)")
     sweep.add_argument("--max-input-length", type=int, help="inputs truncated to this many tokens (default 512)")
     sweep.add_argument("--repeats", type=int, default=1, help="passes over the inputs per measurement (default 1)")
     sweep.add_argument("--seed", type=int, default=0)
     add_size_arg(sweep)
-    sweep.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
-                       help="compute dtype of the target, and of the draft unless --draft-dtype (float32 on CPU; "
-                            "bfloat16 on TPU as the paper; on CPU bfloat16 makes the small pair's speculative "
-                            "loop faster and its target alone slower)")
-    sweep.add_argument("--draft-dtype", default=None, choices=["float32", "bfloat16"],
-                       help="compute dtype of the draft (default: --dtype); float32 beside a bfloat16 target "
-                            "was the fastest pairing on CPU")
+    sweep.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16"],
+        help="compute dtype of the target, and of the draft unless --draft-dtype (float32 on CPU; "
+        "bfloat16 on TPU as the paper; on CPU bfloat16 makes the small pair's speculative "
+        "loop faster and its target alone slower)",
+    )
+    sweep.add_argument(
+        "--draft-dtype",
+        default=None,
+        choices=["float32", "bfloat16"],
+        help="compute dtype of the draft (default: --dtype); float32 beside a bfloat16 target "
+        "was the fastest pairing on CPU",
+    )
     sweep.add_argument("--cost-steps", type=int, default=32, help="decode calls per timing loop for c")
     out = p.add_argument_group("output")
     out.add_argument("--out", default="bench_out", help="output directory (default bench_out)")
     out.add_argument("--no-quality", action="store_true", help="skip BLEU/ROUGE")
     out.add_argument("--no-plots", action="store_true")
-    out.add_argument("--profile", action="store_true",
-                     help="trace the compiled decode with jax.profiler: ms per iteration per named scope, thunks per "
-                          "iteration, fixed per-call cost, beside measured memory bandwidth and matmul throughput")
+    out.add_argument(
+        "--profile",
+        action="store_true",
+        help="trace the compiled decode with jax.profiler: ms per iteration per named scope, thunks per "
+        "iteration, fixed per-call cost, beside measured memory bandwidth and matmul throughput",
+    )
     out.add_argument("--profile-only", action="store_true", help="only the profile (no table)")
     out.add_argument("--no-table", action="store_true", help="skip the table (e.g. with --against or --profile)")
-    out.add_argument("--profile-calls", type=int, default=4,
-                     help="decode calls (batches) traced per profile (default 4)")
+    out.add_argument(
+        "--profile-calls", type=int, default=4, help="decode calls (batches) traced per profile (default 4)"
+    )
     peers = p.add_argument_group("peers side by side")
-    peers.add_argument("--against", choices=["ctranslate2"], action="append", default=[],
-                       help="ctranslate2: the target converted by CTranslate2 (float32, int8; 1 and 2 threads) against "
-                            "specjax temperature_sample and speculative_sample (each --gammas), greedy, at each "
-                            "--batch-sizes, on the first row's inputs (pip install 'specjax[bench]')")
+    peers.add_argument(
+        "--against",
+        choices=["ctranslate2"],
+        action="append",
+        default=[],
+        help="ctranslate2: the target converted by CTranslate2 (float32, int8; 1 and 2 threads) against "
+        "specjax temperature_sample and speculative_sample (each --gammas), greedy, at each "
+        "--batch-sizes, on the first row's inputs (pip install 'specjax[bench]')",
+    )
     hf = peers
-    hf.add_argument("--hf", action="store_true",
-                    help="also run transformers assisted/plain generate on the first row's pair and inputs "
-                         "(CPU, float32, batch 1), check greedy tokens, and measure batch scaling")
+    hf.add_argument(
+        "--hf",
+        action="store_true",
+        help="also run transformers assisted/plain generate on the first row's pair and inputs "
+        "(CPU, float32, batch 1), check greedy tokens, and measure batch scaling",
+    )
     hf.add_argument("--hf-only", action="store_true", help="only the transformers comparison and batch scaling")
     hf.add_argument("--hf-inputs", type=int, default=16, help="inputs for the comparison (default 16)")
     hf.add_argument("--hf-gamma", type=int, help="γ for the comparison (default: the first row's first γ)")
@@ -128,8 +176,12 @@ def _rows(args):
             if name not in known:
                 raise ValueError(f"--model {name!r}: the experiment's models are {sorted(known)}.")
             overrides[name] = path
-        rows = [dataclasses.replace(r, target_path=overrides.get(r.target, r.target_path),
-                                    draft_path=overrides.get(r.draft, r.draft_path)) for r in rows]
+        rows = [
+            dataclasses.replace(
+                r, target_path=overrides.get(r.target, r.target_path), draft_path=overrides.get(r.draft, r.draft_path)
+            )
+            for r in rows
+        ]
         if args.task:
             rows = [r for r in rows if r.task in args.task]
         if args.draft_name:
@@ -139,8 +191,10 @@ def _rows(args):
     else:
         lookup = args.draft == _LOOKUP
         if bool(args.target) != bool(args.draft) and not lookup:
-            raise ValueError("Give both --target and --draft, or neither (the shipped default pair); --draft "
-                             "prompt-lookup needs no draft model.")
+            raise ValueError(
+                "Give both --target and --draft, or neither (the shipped default pair); --draft "
+                "prompt-lookup needs no draft model."
+            )
         if args.input:
             inp, refs = args.input, args.references
         else:
@@ -149,18 +203,29 @@ def _rows(args):
             refs = args.references or (ref if ref and os.path.exists(ref) else None)
         metric = None if args.metric == "none" else (args.metric or "bleu")
         temps = args.temperatures or [0.0, 1.0]
-        rows = [bench.BenchRow(
-            task=args.task_name or ("multi30k" if not args.input else os.path.splitext(os.path.basename(inp))[0]),
-            target="target" if args.target else "default target",
-            draft=_LOOKUP if lookup else ("draft" if args.draft else "distilled"),
-            target_path=args.target or _default(args, "target"), draft_path=args.draft or _default(args, "distilled"),
-            temperature=float(t), gammas=tuple(args.gammas or (1, 2, 3, 4, 5)), input=inp, references=refs,
-            metric=metric, tokenizer=args.tokenizer or ("default" if not args.target else ""),
-            num_inputs=args.num_inputs or 32, max_decode_length=args.max_decode_length or 64,
-            max_input_length=args.max_input_length or 512, prefix=args.prefix or "",
-            verifications=tuple(args.verification or ("token",)),
-            confidence_thresholds=tuple(args.draft_confidence_threshold or (None,)),
-            max_ngram=3 if args.max_ngram is None else args.max_ngram) for t in temps]
+        rows = [
+            bench.BenchRow(
+                task=args.task_name or ("multi30k" if not args.input else os.path.splitext(os.path.basename(inp))[0]),
+                target="target" if args.target else "default target",
+                draft=_LOOKUP if lookup else ("draft" if args.draft else "distilled"),
+                target_path=args.target or _default(args, "target"),
+                draft_path=args.draft or _default(args, "distilled"),
+                temperature=float(t),
+                gammas=tuple(args.gammas or (1, 2, 3, 4, 5)),
+                input=inp,
+                references=refs,
+                metric=metric,
+                tokenizer=args.tokenizer or ("default" if not args.target else ""),
+                num_inputs=args.num_inputs or 32,
+                max_decode_length=args.max_decode_length or 64,
+                max_input_length=args.max_input_length or 512,
+                prefix=args.prefix or "",
+                verifications=tuple(args.verification or ("token",)),
+                confidence_thresholds=tuple(args.draft_confidence_threshold or (None,)),
+                max_ngram=3 if args.max_ngram is None else args.max_ngram,
+            )
+            for t in temps
+        ]
         if args.target and not args.tokenizer:
             raise ValueError("--tokenizer SPIECE_MODEL is needed with --target/--draft checkpoints.")
         return rows
@@ -214,8 +279,9 @@ def _check_variants(rows) -> None:
         lookup = r.draft_path == _LOOKUP
         for v in r.verifications:
             for c in r.confidence_thresholds:
-                speculative_kwargs(argparse.Namespace(verification=v, draft_confidence_threshold=c,
-                                                      draft=_LOOKUP if lookup else None))
+                speculative_kwargs(
+                    argparse.Namespace(verification=v, draft_confidence_threshold=c, draft=_LOOKUP if lookup else None)
+                )
         if lookup:
             if r.max_ngram < 1:
                 raise ValueError(f"--max-ngram must be >= 1, got {r.max_ngram}; 3 is the usual choice.")
@@ -228,8 +294,10 @@ def _draft(loader, row):
     from specjax.cli import draft_source
 
     lookup = row.draft_path == _LOOKUP
-    return draft_source(argparse.Namespace(draft=_LOOKUP if lookup else None, max_ngram=row.max_ngram),
-                        None if lookup else loader.model(row.draft_path, draft=True))
+    return draft_source(
+        argparse.Namespace(draft=_LOOKUP if lookup else None, max_ngram=row.max_ngram),
+        None if lookup else loader.model(row.draft_path, draft=True),
+    )
 
 
 def _default(args, kind: str) -> str:
@@ -251,8 +319,9 @@ class _Loader:
                 from specjax.defaults import load_default_pair
 
                 *size, kind = path.split(":")[1:]  # default:KIND (the default size) or default:SIZE:KIND
-                target, draft_model, _ = load_default_pair("distilled" if kind == "target" else kind, dtype=dtype,
-                                                           size=size[0] if size else None)
+                target, draft_model, _ = load_default_pair(
+                    "distilled" if kind == "target" else kind, dtype=dtype, size=size[0] if size else None
+                )
                 self.models[path, dtype] = target if kind == "target" else draft_model
             else:
                 from specjax.checkpoints import load_checkpoint
@@ -284,7 +353,7 @@ def _fetch_gcs(url: str) -> str:
 
     import tensorstore as ts
 
-    bucket, _, key = url[len("gs://"):].partition("/")
+    bucket, _, key = url[len("gs://") :].partition("/")
     value = ts.KvStore.open({"driver": "gcs", "bucket": bucket}).result().read(key).result().value
     if not value:
         raise FileNotFoundError(f"Could not read {url} (empty or missing; check access with gsutil ls).")
@@ -313,24 +382,37 @@ def run(args: argparse.Namespace) -> int:
     rows = _rows(args)
     _check_variants(rows)
     first_lookup, any_lookup = rows[0].draft_path == _LOOKUP, any(r.draft_path == _LOOKUP for r in rows)
-    for flag, refused in (("--profile", (args.profile or args.profile_only) and any_lookup),  # every row
-                          ("--against", args.against and first_lookup),  # the first row
-                          ("--hf", (args.hf or args.hf_only) and first_lookup)):
+    for flag, refused in (
+        ("--profile", (args.profile or args.profile_only) and any_lookup),  # every row
+        ("--against", args.against and first_lookup),  # the first row
+        ("--hf", (args.hf or args.hf_only) and first_lookup),
+    ):
         if refused:
-            raise ValueError(f"{flag} needs a draft model; --draft prompt-lookup has none (drop one of the two, "
-                             "or run them separately).")
+            raise ValueError(
+                f"{flag} needs a draft model; --draft prompt-lookup has none (drop one of the two, "
+                "or run them separately)."
+            )
     os.makedirs(args.out, exist_ok=True)
     loader = _Loader(args.dtype, args.draft_dtype)
     env = bench.environment()
-    print(f"jax {env['jax']}, backend {env['backend']}, {env['device_count']} x {env['device_kind']}; "
-          f"{len(rows)} rows -> {args.out}", file=sys.stderr)
+    print(
+        f"jax {env['jax']}, backend {env['backend']}, {env['device_count']} x {env['device_kind']}; "
+        f"{len(rows)} rows -> {args.out}",
+        file=sys.stderr,
+    )
     records, hf_result, scaling = [], None, None
 
     if not (args.hf_only or args.profile_only or args.no_table):
+
         def count(r):
             n = min(r.num_inputs, len(bench.read_lines(r.input, r.num_inputs)))
-            return (sum(-(-n // b) for b in args.batch_sizes) * len(r.gammas) * len(r.verifications)
-                    * len(r.confidence_thresholds) * args.repeats)
+            return (
+                sum(-(-n // b) for b in args.batch_sizes)
+                * len(r.gammas)
+                * len(r.verifications)
+                * len(r.confidence_thresholds)
+                * args.repeats
+            )
 
         total = sum(count(r) for r in rows)
         with tqdm(total=total, desc="bench", unit="batch", file=sys.stderr) as bar:
@@ -339,17 +421,30 @@ def run(args: argparse.Namespace) -> int:
                 target, draft = loader.model(r.target_path), _draft(loader, r)
                 tok = loader.tokenizer(r.tokenizer)
                 bar.set_postfix_str(f"{r.task} {r.draft} T={r.temperature:g}")
-                recs = bench.run_row(target, draft, tok, r, batch_sizes=args.batch_sizes, repeats=args.repeats,
-                                     seed=args.seed, cost_steps=args.cost_steps, with_quality=not args.no_quality,
-                                     on_batch=lambda: bar.update(1))
+                recs = bench.run_row(
+                    target,
+                    draft,
+                    tok,
+                    r,
+                    batch_sizes=args.batch_sizes,
+                    repeats=args.repeats,
+                    seed=args.seed,
+                    cost_steps=args.cost_steps,
+                    with_quality=not args.no_quality,
+                    on_batch=lambda: bar.update(1),
+                )
                 for x in recs:
                     variant = (f" {x['verification']}" if x["verification"] != "token" else "") + (
-                        f" conf {x['confidence_threshold']:g}" if x["confidence_threshold"] is not None else "")
-                    tqdm.write(f"{x['task']:>10} {x['draft']:>12}{variant} T={x['temperature']:g} γ={x['gamma']} "
-                               f"b={x['batch_size']}: α={x['alpha']:.3f} ({x['alpha_source']}), accepted fraction "
-                               f"{x['accepted_fraction']:.3f}, mean accepted length {x['mean_accepted_length']:.2f}, "
-                               f"speedup {x['speedup']:.2f}x "
-                               f"(theory {x['expected_improvement']:.2f}x, c={x['c']:.3f})", file=sys.stderr)
+                        f" conf {x['confidence_threshold']:g}" if x["confidence_threshold"] is not None else ""
+                    )
+                    tqdm.write(
+                        f"{x['task']:>10} {x['draft']:>12}{variant} T={x['temperature']:g} γ={x['gamma']} "
+                        f"b={x['batch_size']}: α={x['alpha']:.3f} ({x['alpha_source']}), accepted fraction "
+                        f"{x['accepted_fraction']:.3f}, mean accepted length {x['mean_accepted_length']:.2f}, "
+                        f"speedup {x['speedup']:.2f}x "
+                        f"(theory {x['expected_improvement']:.2f}x, c={x['c']:.3f})",
+                        file=sys.stderr,
+                    )
                 records += recs
         md = bench.format_markdown(records)
         with open(os.path.join(args.out, "table.md"), "w", encoding="utf-8") as f:
@@ -364,31 +459,54 @@ def run(args: argparse.Namespace) -> int:
         from specjax.bench import profile
 
         limits = profile.machine_limits()
-        print(f"machine: memory {limits['memory_gb_s']:.1f} GB/s, cache-sized copy {limits['cache_gb_s']:.1f} GB/s, "
-              f"matmul {limits['matmul_gflop_s']:.1f} GFLOP/s", file=sys.stderr)
+        print(
+            f"machine: memory {limits['memory_gb_s']:.1f} GB/s, cache-sized copy {limits['cache_gb_s']:.1f} GB/s, "
+            f"matmul {limits['matmul_gflop_s']:.1f} GFLOP/s",
+            file=sys.stderr,
+        )
         profiles, texts = [], []
         for r in rows:
             target, draft = loader.model(r.target_path), loader.model(r.draft_path, draft=True)
-            ids = bench.encode_inputs(loader.tokenizer(r.tokenizer), bench.read_lines(r.input, r.num_inputs),
-                                      r.prefix, r.max_input_length)
+            ids = bench.encode_inputs(
+                loader.tokenizer(r.tokenizer), bench.read_lines(r.input, r.num_inputs), r.prefix, r.max_input_length
+            )
             for bs in args.batch_sizes:
-                batches = bench.pad_batches(ids, batch_size=bs, pad_id=target.config.pad_id)[:args.profile_calls]
+                batches = bench.pad_batches(ids, batch_size=bs, pad_id=target.config.pad_id)[: args.profile_calls]
                 for g in r.gammas:
-                    rep = profile.profile_decode(target, draft, batches, gamma=g, temperature=r.temperature,
-                                                 max_decode_length=r.max_decode_length, seed=args.seed, limits=limits)
+                    rep = profile.profile_decode(
+                        target,
+                        draft,
+                        batches,
+                        gamma=g,
+                        temperature=r.temperature,
+                        max_decode_length=r.max_decode_length,
+                        seed=args.seed,
+                        limits=limits,
+                    )
                     rep.update(task=r.task, target=r.target, draft=r.draft)
                     profiles.append(rep)
-                    texts.append(f"{r.task}, target {r.target}, draft {r.draft}: " + profile.format_profile(rep)
-                                 .replace("### ", "", 1))
+                    texts.append(
+                        f"{r.task}, target {r.target}, draft {r.draft}: "
+                        + profile.format_profile(rep).replace("### ", "", 1)
+                    )
                     print(texts[-1], file=sys.stderr)
-        env_line = (f"jax {env['jax']}, backend {env['backend']}, {env['device_count']} x {env['device_kind']}; "
-                    f"machine: memory {limits['memory_gb_s']:.1f} GB/s (NumPy copy of "
-                    f"{limits['copy_bytes'] >> 20} MiB, read + write), {limits['cache_gb_s']:.1f} GB/s "
-                    f"({limits['cache_bytes'] >> 20} MiB), matmul {limits['matmul_gflop_s']:.1f} GFLOP/s "
-                    f"(jitted float32 {limits['matmul_n']}²)")
+        env_line = (
+            f"jax {env['jax']}, backend {env['backend']}, {env['device_count']} x {env['device_kind']}; "
+            f"machine: memory {limits['memory_gb_s']:.1f} GB/s (NumPy copy of "
+            f"{limits['copy_bytes'] >> 20} MiB, read + write), {limits['cache_gb_s']:.1f} GB/s "
+            f"({limits['cache_bytes'] >> 20} MiB), matmul {limits['matmul_gflop_s']:.1f} GFLOP/s "
+            f"(jitted float32 {limits['matmul_n']}²)"
+        )
         with open(os.path.join(args.out, "profile.md"), "w", encoding="utf-8") as f:
-            f.write("# Profile of the compiled decode (`specjax bench --profile`)\n\n" + env_line + "\n\ncommand: `"
-                    + " ".join(["specjax"] + sys.argv[1:]) + "`\n\n" + "\n\n".join("### " + t for t in texts) + "\n")
+            f.write(
+                "# Profile of the compiled decode (`specjax bench --profile`)\n\n"
+                + env_line
+                + "\n\ncommand: `"
+                + " ".join(["specjax"] + sys.argv[1:])
+                + "`\n\n"
+                + "\n\n".join("### " + t for t in texts)
+                + "\n"
+            )
         with open(os.path.join(args.out, "profile.json"), "w", encoding="utf-8") as f:
             json.dump({"environment": env, "limits": limits, "profiles": profiles}, f, indent=1, default=float)
 
@@ -397,15 +515,23 @@ def run(args: argparse.Namespace) -> int:
 
         r = rows[0]
         target, draft = loader.model(r.target_path), loader.model(r.draft_path, draft=True)
-        ids = bench.encode_inputs(loader.tokenizer(r.tokenizer), bench.read_lines(r.input, r.num_inputs), r.prefix,
-                                  r.max_input_length)
+        ids = bench.encode_inputs(
+            loader.tokenizer(r.tokenizer), bench.read_lines(r.input, r.num_inputs), r.prefix, r.max_input_length
+        )
         steps = sum(-(-len(ids) // b) for b in args.batch_sizes) * args.repeats
         with tqdm(total=steps, desc="ctranslate2 side by side", unit="batch", file=sys.stderr) as bar:
-            ct2 = peers.compare_with_ctranslate2(target, draft, ids, gammas=r.gammas,
-                                                 max_decode_length=r.max_decode_length, batch_sizes=args.batch_sizes,
-                                                 repeats=args.repeats, seed=args.seed,
-                                                 workdir=os.path.join(args.out, "ct2_export"),
-                                                 on_step=lambda: bar.update(1))
+            ct2 = peers.compare_with_ctranslate2(
+                target,
+                draft,
+                ids,
+                gammas=r.gammas,
+                max_decode_length=r.max_decode_length,
+                batch_sizes=args.batch_sizes,
+                repeats=args.repeats,
+                seed=args.seed,
+                workdir=os.path.join(args.out, "ct2_export"),
+                on_step=lambda: bar.update(1),
+            )
         text = peers.format_ctranslate2(ct2)
         print(text)
         with open(os.path.join(args.out, "ctranslate2.md"), "w", encoding="utf-8") as f:
@@ -423,15 +549,32 @@ def run(args: argparse.Namespace) -> int:
         gamma = args.hf_gamma or r.gammas[0]
         hf_dir = os.path.join(args.out, "hf_export")
         with tqdm(total=2 * len(ids), desc="transformers side by side", unit="input", file=sys.stderr) as bar:
-            hf_models = (hf_compare.to_transformers(target, os.path.join(hf_dir, "target")),
-                         hf_compare.to_transformers(draft, os.path.join(hf_dir, "draft")))
+            hf_models = (
+                hf_compare.to_transformers(target, os.path.join(hf_dir, "target")),
+                hf_compare.to_transformers(draft, os.path.join(hf_dir, "draft")),
+            )
             hf_result = hf_compare.compare_with_transformers(
-                target, draft, ids, gamma=gamma, max_decode_length=r.max_decode_length, seed=args.seed,
-                hf_models=hf_models, on_item=lambda: bar.update(1))
+                target,
+                draft,
+                ids,
+                gamma=gamma,
+                max_decode_length=r.max_decode_length,
+                seed=args.seed,
+                hf_models=hf_models,
+                on_item=lambda: bar.update(1),
+            )
         with tqdm(total=len(args.scaling_batch_sizes), desc="batch scaling", unit="batch size", file=sys.stderr) as bar:
-            scaling = hf_compare.batch_scaling(target, draft, ids, gamma=gamma, max_decode_length=r.max_decode_length,
-                                               batch_sizes=args.scaling_batch_sizes, seed=args.seed,
-                                               hf_target=hf_models[0], on_step=lambda: bar.update(1))
+            scaling = hf_compare.batch_scaling(
+                target,
+                draft,
+                ids,
+                gamma=gamma,
+                max_decode_length=r.max_decode_length,
+                batch_sizes=args.scaling_batch_sizes,
+                seed=args.seed,
+                hf_target=hf_models[0],
+                on_step=lambda: bar.update(1),
+            )
         text = hf_compare.format_comparison(hf_result)
         stext = hf_compare.format_scaling(scaling)
         print(text + "\n" + stext)
@@ -442,7 +585,18 @@ def run(args: argparse.Namespace) -> int:
                 f.write(txt)
 
     with open(os.path.join(args.out, "results.json"), "w", encoding="utf-8") as f:
-        json.dump({"command": sys.argv, "environment": env, "records": records, "hf_compare": hf_result,
-                   "scaling": scaling, "ctranslate2": ct2, "profiles": profiles}, f, indent=1,
-                  default=lambda o: float(o) if isinstance(o, (np.floating, np.integer)) else str(o))
+        json.dump(
+            {
+                "command": sys.argv,
+                "environment": env,
+                "records": records,
+                "hf_compare": hf_result,
+                "scaling": scaling,
+                "ctranslate2": ct2,
+                "profiles": profiles,
+            },
+            f,
+            indent=1,
+            default=lambda o: float(o) if isinstance(o, (np.floating, np.integer)) else str(o),
+        )
     return 0

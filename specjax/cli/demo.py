@@ -11,25 +11,43 @@ from specjax.cli import add_size_arg
 def add_parser(sub) -> None:
     """Registers ``specjax demo``."""
     p = sub.add_parser(
-        "demo", help="translate English->German with the shipped pair; print alpha and the measured speedup",
+        "demo",
+        help="translate English->German with the shipped pair; print alpha and the measured speedup",
         description="Runs speculative sampling with the embedded draft/target pair on real English "
-                    "sentences (Multi30k test 2016 when ../shared/data is present, else sentences shipped "
-                    "with the package), prints each translation, the acceptance rate, tokens per target "
-                    "call and the speedup over temperature_sample measured in the same run (batch 1, "
-                    "after compilation).")
+        "sentences (Multi30k test 2016 when ../shared/data is present, else sentences shipped "
+        "with the package), prints each translation, the acceptance rate, tokens per target "
+        "call and the speedup over temperature_sample measured in the same run (batch 1, "
+        "after compilation).",
+    )
     p.add_argument("--num-lines", type=int, default=24, help="sentences to translate (default 24)")
-    p.add_argument("--gamma", type=int, default=None,
-                   help="draft tokens per target call (default: the fastest measured on a 2-core CPU for the "
-                        "pair, specjax.defaults.DEMO_GAMMA: 3 for mini, 5 for small)")
-    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
-                   help="the target's compute dtype, for both decodes (default: the pair's fastest on a 2-core "
-                        "CPU, specjax.defaults.DEMO_DTYPES: float32 for mini, bfloat16 for small)")
-    p.add_argument("--draft-dtype", default=None, choices=["float32", "bfloat16"],
-                   help="the draft's compute dtype (default: specjax.defaults.DEMO_DTYPES: float32 for both)")
+    p.add_argument(
+        "--gamma",
+        type=int,
+        default=None,
+        help="draft tokens per target call (default: the fastest measured on a 2-core CPU for the "
+        "pair, specjax.defaults.DEMO_GAMMA: 3 for mini, 5 for small)",
+    )
+    p.add_argument(
+        "--dtype",
+        default=None,
+        choices=["float32", "bfloat16"],
+        help="the target's compute dtype, for both decodes (default: the pair's fastest on a 2-core "
+        "CPU, specjax.defaults.DEMO_DTYPES: float32 for mini, bfloat16 for small)",
+    )
+    p.add_argument(
+        "--draft-dtype",
+        default=None,
+        choices=["float32", "bfloat16"],
+        help="the draft's compute dtype (default: specjax.defaults.DEMO_DTYPES: float32 for both)",
+    )
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--draft", default="distilled", choices=["distilled", "reference"],
-                   help="which shipped draft: distilled (DistillSpec, default) or reference (trained on the "
-                        "reference translations)")
+    p.add_argument(
+        "--draft",
+        default="distilled",
+        choices=["distilled", "reference"],
+        help="which shipped draft: distilled (DistillSpec, default) or reference (trained on the "
+        "reference translations)",
+    )
     add_size_arg(p)
     p.add_argument("--max-decode-length", type=int, default=64, help="output tokens per line at most (default 64)")
     p.add_argument("--seed", type=int, default=0, help="PRNG seed for sampling at temperature > 0 (default 0)")
@@ -58,40 +76,66 @@ def run(args: argparse.Namespace) -> int:
 
     target, draft, tokenizer = load_default_pair(args.draft, size=args.size, dtype=dtype, draft_dtype=draft_dtype)
     lines, origin = demo_sentences(args.num_lines)
-    print(f"target: {target.config.name} ({target.num_params / 1e6:.1f}M params, {dtype}), "
-          f"draft: {draft.config.name} ({draft.num_params / 1e6:.2f}M params, {args.draft}, {draft_dtype}); "
-          f"{len(lines)} lines of {origin}", file=sys.stderr)
+    print(
+        f"target: {target.config.name} ({target.num_params / 1e6:.1f}M params, {dtype}), "
+        f"draft: {draft.config.name} ({draft.num_params / 1e6:.2f}M params, {args.draft}, {draft_dtype}); "
+        f"{len(lines)} lines of {origin}",
+        file=sys.stderr,
+    )
     batches = bench.pad_batches([tokenizer.encode(l) for l in lines], batch_size=1)
-    print("compiling both decode programs first (once per input width; 20-60 s on a 2-core CPU, not counted "
-          "in the speedup)...", file=sys.stderr)
+    print(
+        "compiling both decode programs first (once per input width; 20-60 s on a 2-core CPU, not counted "
+        "in the speedup)...",
+        file=sys.stderr,
+    )
     with tqdm(total=len(batches), desc="speculative vs baseline", unit="line", file=sys.stderr) as bar:
-        m = bench.measure_pair(target, draft, batches, gamma=args.gamma, temperature=args.temperature,
-                               max_decode_length=args.max_decode_length, seed=args.seed,
-                               on_batch=lambda: bar.update(1))
+        m = bench.measure_pair(
+            target,
+            draft,
+            batches,
+            gamma=args.gamma,
+            temperature=args.temperature,
+            max_decode_length=args.max_decode_length,
+            seed=args.seed,
+            on_batch=lambda: bar.update(1),
+        )
     for src, ids in zip(lines, m.sequences("spec")):
         print(f"EN: {src}\nDE: {tokenizer.decode(ids)}\n")
     equal = [np.array_equal(a, b) for a, b in zip(m.sequences("spec"), m.sequences("base"))]
     same = all(equal)
-    print(f"acceptance rate alpha      {m.acceptance_rate:.3f}  (the paper's alpha: mean of beta = sum min(p, q) "
-          f"over verified positions; gamma={args.gamma}, temperature={args.temperature:g})")
+    print(
+        f"acceptance rate alpha      {m.acceptance_rate:.3f}  (the paper's alpha: mean of beta = sum min(p, q) "
+        f"over verified positions; gamma={args.gamma}, temperature={args.temperature:g})"
+    )
     print(f"accepted / drafted         {m.accepted_fraction:.3f}")
     print(f"tokens per target call     {m.tokens_per_target_call:.2f}")
     print(f"speculative_sample         {m.output_tokens / m.spec_seconds:8.1f} tokens/s")
     print(f"temperature_sample         {m.output_tokens / m.base_seconds:8.1f} tokens/s (target alone)")
-    print(f"speedup                    {m.speedup:.2f}x  (same inputs, batch 1, after compilation; "
-          f"compile {m.spec_compile_seconds:.1f}s + {m.base_compile_seconds:.1f}s not counted)")
+    print(
+        f"speedup                    {m.speedup:.2f}x  (same inputs, batch 1, after compilation; "
+        f"compile {m.spec_compile_seconds:.1f}s + {m.base_compile_seconds:.1f}s not counted)"
+    )
     if args.temperature == 0:
-        print(f"greedy outputs identical to the target alone: {same}"
-              + ("" if same or dtype == "float32" else
-                 f" ({sum(equal)} of {len(equal)} lines; in bfloat16 a verification window and a one-token step "
-                 "round differently, so a near-tie can go the other way; --dtype float32 is identical bit for bit)"))
+        print(
+            f"greedy outputs identical to the target alone: {same}"
+            + (
+                ""
+                if same or dtype == "float32"
+                else f" ({sum(equal)} of {len(equal)} lines; in bfloat16 a verification window and a one-token step "
+                "round differently, so a near-tie can go the other way; --dtype float32 is identical bit for bit)"
+            )
+        )
     if m.speedup < 1.05:
-        hint = ("a target whose weights fit the CPU's cache (the mini pair's) wins little from speculative sampling; "
-                "`--size small` is the paper's regime (a target beyond the cache)" if size == "mini" else
-                "the small pair (bfloat16 target, float32 draft) measured 2.1-2.5x at batch 1 on a quiet 2-core "
-                "CPU (benchmarks/results/small_pair/session24)")
-        print("note: on a CPU the target's (gamma+1)-token verification window costs 1.3-2x a one-token step "
-              "(about 1x on the paper's accelerators) and another job on the machine slows both sides unevenly; "
-              f"{hint}. See README, 'Two sizes', and benchmarks/results/loop_overhead.md.")
+        hint = (
+            "a target whose weights fit the CPU's cache (the mini pair's) wins little from speculative sampling; "
+            "`--size small` is the paper's regime (a target beyond the cache)"
+            if size == "mini"
+            else "the small pair (bfloat16 target, float32 draft) measured 2.1-2.5x at batch 1 on a quiet 2-core "
+            "CPU (benchmarks/results/small_pair/session24)"
+        )
+        print(
+            "note: on a CPU the target's (gamma+1)-token verification window costs 1.3-2x a one-token step "
+            "(about 1x on the paper's accelerators) and another job on the machine slows both sides unevenly; "
+            f"{hint}. See README, 'Two sizes', and benchmarks/results/loop_overhead.md."
+        )
     return 0
-

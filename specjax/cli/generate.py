@@ -28,43 +28,70 @@ DEFAULT_TOKENIZER = os.path.join("..", "shared", "data", "tokenizer", "t5", "spi
 def add_parser(sub) -> None:
     """Registers ``specjax generate``."""
     p = sub.add_parser(
-        "generate", help="decode a file of input lines with speculative sampling",
+        "generate",
+        help="decode a file of input lines with speculative sampling",
         description="Reads input lines, decodes them in batches with speculative sampling (Leviathan et al. "
-                    "2023) and writes one output line per input line, in input order. Resumes after the lines "
-                    "already in --output. Prints acceptance rate, tokens per target call and tokens/second.")
+        "2023) and writes one output line per input line, in input order. Resumes after the lines "
+        "already in --output. Prints acceptance rate, tokens per target call and tokens/second.",
+    )
     p.add_argument("--target", help="target checkpoint (T5X or Hugging Face); default: the embedded pair")
-    p.add_argument("--draft", help="draft checkpoint, or 'prompt-lookup' (no draft model: n-gram proposals from the "
-                                   "input and the output so far); default: the embedded pair's draft")
-    p.add_argument("--input", help="input text file, one input per line, or - for stdin (required unless "
-                                    "--seqio-task)")
-    p.add_argument("--output", required=True,
-                   help="output text file (appended to: an existing file is resumed), or - for stdout")
-    p.add_argument("--tokenizer",
-                   help=f"SentencePiece model (default: {DEFAULT_TOKENIZER} if it exists; the embedded "
-                        "pair's own vocabulary without --target/--draft)")
+    p.add_argument(
+        "--draft",
+        help="draft checkpoint, or 'prompt-lookup' (no draft model: n-gram proposals from the "
+        "input and the output so far); default: the embedded pair's draft",
+    )
+    p.add_argument("--input", help="input text file, one input per line, or - for stdin (required unless --seqio-task)")
+    p.add_argument(
+        "--output", required=True, help="output text file (appended to: an existing file is resumed), or - for stdout"
+    )
+    p.add_argument(
+        "--tokenizer",
+        help=f"SentencePiece model (default: {DEFAULT_TOKENIZER} if it exists; the embedded "
+        "pair's own vocabulary without --target/--draft)",
+    )
     p.add_argument("--prefix", default="", help='task prefix, e.g. "translate English to German: "')
-    add_decoding_args(p, gamma=5, max_decode_length=128,
-                      seed_help="PRNG seed (line i uses fold_in(seed key, i))")
+    add_decoding_args(p, gamma=5, max_decode_length=128, seed_help="PRNG seed (line i uses fold_in(seed key, i))")
     add_size_arg(p)
     p.add_argument("--batch-size", type=int, default=32, help="rows per decode call (default 32)")
     p.add_argument("--max-input-length", type=int, default=512, help="most input tokens per line (with EOS)")
     p.add_argument("--truncate", action="store_true", help="cut longer inputs instead of failing")
-    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
-                   help="parameters and compute of both models (default float32, as load_checkpoint and "
-                        "load_default_pair; bfloat16 halves memory, e.g. for T5-XXL on TPU)")
-    p.add_argument("--compare-baseline", action="store_true",
-                   help="also run temperature_sample (target alone) on the same batches and print the speedup")
-    p.add_argument("--data-parallel", action="store_true",
-                   help="split each batch over all devices, one decode loop per device (weights replicated)")
-    p.add_argument("--mesh", metavar="data:N,model:M",
-                   help="one program over a device mesh: batch over 'data', the target's weights split over "
-                        "'model' (for targets larger than one device, e.g. T5-XXL); N*M = device count")
+    p.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="parameters and compute of both models (default float32, as load_checkpoint and "
+        "load_default_pair; bfloat16 halves memory, e.g. for T5-XXL on TPU)",
+    )
+    p.add_argument(
+        "--compare-baseline",
+        action="store_true",
+        help="also run temperature_sample (target alone) on the same batches and print the speedup",
+    )
+    p.add_argument(
+        "--data-parallel",
+        action="store_true",
+        help="split each batch over all devices, one decode loop per device (weights replicated)",
+    )
+    p.add_argument(
+        "--mesh",
+        metavar="data:N,model:M",
+        help="one program over a device mesh: batch over 'data', the target's weights split over "
+        "'model' (for targets larger than one device, e.g. T5-XXL); N*M = device count",
+    )
     seqio = p.add_argument_group("seqio (pip install 'specjax[seqio]')")
-    seqio.add_argument("--seqio-task", metavar="NAME",
-                       help="decode this registered seqio Task's --split instead of --input, and print its metrics")
-    seqio.add_argument("--seqio-module", metavar="MODULE", action="append", default=[],
-                       help="module (or .py file) to import first, which registers the Task (as t5x's "
-                            "MIXTURE_OR_TASK_MODULE); repeatable")
+    seqio.add_argument(
+        "--seqio-task",
+        metavar="NAME",
+        help="decode this registered seqio Task's --split instead of --input, and print its metrics",
+    )
+    seqio.add_argument(
+        "--seqio-module",
+        metavar="MODULE",
+        action="append",
+        default=[],
+        help="module (or .py file) to import first, which registers the Task (as t5x's "
+        "MIXTURE_OR_TASK_MODULE); repeatable",
+    )
     seqio.add_argument("--split", default="validation", help="the Task's split to decode (default validation)")
     seqio.add_argument("--num-examples", type=int, default=None, help="decode only the split's first N examples")
     p.set_defaults(func=run)
@@ -85,8 +112,10 @@ def _load(args):
 
     lookup = args.draft == "prompt-lookup"
     if bool(args.target) != bool(args.draft) and not lookup:
-        raise ValueError("Give both --target and --draft checkpoints, or neither (to use the embedded default "
-                         "pair); --draft prompt-lookup needs no draft model.")
+        raise ValueError(
+            "Give both --target and --draft checkpoints, or neither (to use the embedded default "
+            "pair); --draft prompt-lookup needs no draft model."
+        )
     if args.target:
         target = load_checkpoint(args.target, dtype=args.dtype)
         draft = None if lookup else load_checkpoint(args.draft, dtype=args.dtype)
@@ -95,12 +124,15 @@ def _load(args):
         return target, draft, Tokenizer(tokenizer_path)
     try:
         import specjax
+
         load_default_pair = getattr(specjax, "load_default_pair", None)
         if load_default_pair is None:
             from specjax.defaults import load_default_pair
     except ImportError as e:
-        raise ValueError("No default model pair is available in this installation; pass --target and --draft "
-                         f"checkpoints (and --tokenizer). ({e})") from e
+        raise ValueError(
+            "No default model pair is available in this installation; pass --target and --draft "
+            f"checkpoints (and --tokenizer). ({e})"
+        ) from e
     kwargs = {"dtype": args.dtype} if args.dtype else {}
     if args.size:
         kwargs["size"] = args.size
@@ -123,8 +155,10 @@ def _tokenizer_path(args) -> tuple[str, str]:
             return candidate, "the target checkpoint's own vocabulary"
     if os.path.exists(DEFAULT_TOKENIZER):
         return DEFAULT_TOKENIZER, "T5's 32k vocabulary; the checkpoint ships no spiece.model"
-    raise FileNotFoundError(f"No spiece.model beside {args.target!r} and none at {DEFAULT_TOKENIZER!r}; pass "
-                            "--tokenizer SPIECE_MODEL (the vocabulary the checkpoint was trained with).")
+    raise FileNotFoundError(
+        f"No spiece.model beside {args.target!r} and none at {DEFAULT_TOKENIZER!r}; pass "
+        "--tokenizer SPIECE_MODEL (the vocabulary the checkpoint was trained with)."
+    )
 
 
 def _read_lines(path: str) -> list[str]:
@@ -138,8 +172,10 @@ def _read_lines(path: str) -> list[str]:
             out.append(raw.decode("utf-8"))
         except UnicodeDecodeError as e:
             name = "stdin" if path == "-" else path
-            raise ValueError(f"{name}, line {i + 1}: not UTF-8 text ({e.reason} at byte {e.start}); convert the "
-                             "file to UTF-8 (e.g. iconv -f latin1 -t utf-8).") from None
+            raise ValueError(
+                f"{name}, line {i + 1}: not UTF-8 text ({e.reason} at byte {e.start}); convert the "
+                "file to UTF-8 (e.g. iconv -f latin1 -t utf-8)."
+            ) from None
     return out
 
 
@@ -163,21 +199,28 @@ def _validate(args):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}.")
     if args.gamma > args.max_decode_length:
-        print(f"note: --gamma {args.gamma} is more than --max-decode-length {args.max_decode_length}; using gamma "
-              f"{args.max_decode_length} (no iteration can use more drafts).", file=sys.stderr)
+        print(
+            f"note: --gamma {args.gamma} is more than --max-decode-length {args.max_decode_length}; using gamma "
+            f"{args.max_decode_length} (no iteration can use more drafts).",
+            file=sys.stderr,
+        )
         args.gamma = args.max_decode_length
     if args.input != "-" and not os.path.exists(args.input):
-        raise FileNotFoundError(f"No input file {args.input!r}; pass a text file with one input per line, or - "
-                                "for stdin.")
+        raise FileNotFoundError(
+            f"No input file {args.input!r}; pass a text file with one input per line, or - for stdin."
+        )
     if args.input != "-" and os.path.isdir(args.input):
         raise ValueError(f"--input {args.input!r} is a directory; pass a text file with one input per line.")
     if args.output != "-" and os.path.isdir(args.output):
-        raise ValueError(f"--output {args.output!r} is a directory; pass a file name (e.g. "
-                         f"{os.path.join(args.output, 'outputs.txt')!r}).")
+        raise ValueError(
+            f"--output {args.output!r} is a directory; pass a file name (e.g. "
+            f"{os.path.join(args.output, 'outputs.txt')!r})."
+        )
     parent = os.path.dirname(os.path.abspath(args.output)) if args.output != "-" else ""
     if parent and not os.path.isdir(parent):
-        raise FileNotFoundError(f"--output {args.output!r}: the directory {parent!r} does not exist; create it "
-                                "first (mkdir -p).")
+        raise FileNotFoundError(
+            f"--output {args.output!r}: the directory {parent!r} does not exist; create it first (mkdir -p)."
+        )
     if args.output != "-" and os.path.abspath(args.output) == os.path.abspath(args.input):
         raise ValueError("--output must differ from --input.")
 
@@ -186,11 +229,13 @@ def run(args: argparse.Namespace) -> int:
     """Decodes every not-yet-written input line; returns 0. Raises ValueError/FileNotFoundError on bad input."""
     if args.seqio_task:
         from specjax.cli import seqio_generate
+
         return seqio_generate.run(args)
     if not args.input:
         raise ValueError("--input FILE is required (or --seqio-task NAME to decode a seqio Task's split).")
     _validate(args)
     import jax
+
     from specjax import parallel
 
     parallel.maybe_initialize_distributed()  # before any device is touched; no-op on one process
@@ -202,8 +247,9 @@ def run(args: argparse.Namespace) -> int:
 
     lines = _read_lines(args.input)
     if not lines:
-        raise ValueError(f"{'stdin' if args.input == '-' else args.input} has no lines; nothing to decode "
-                         "(one input per line).")
+        raise ValueError(
+            f"{'stdin' if args.input == '-' else args.input} has no lines; nothing to decode (one input per line)."
+        )
     done = _lines_done(args.output)
     report = sys.stderr if args.output == "-" else sys.stdout
     if done >= len(lines):
@@ -213,6 +259,7 @@ def run(args: argparse.Namespace) -> int:
     with runner.loading():  # --mesh: read weights into host memory, not onto one device
         target, draft, tokenizer = _load(args)
     from specjax.cli import draft_source, speculative_kwargs
+
     spec_kwargs = speculative_kwargs(args)
     target, draft = runner.place(target, draft)  # draft None with --draft prompt-lookup
     draft = draft_source(args, draft)
@@ -222,16 +269,34 @@ def run(args: argparse.Namespace) -> int:
         ids = tokenizer.encode(args.prefix + lines[i])
         if len(ids) > args.max_input_length:
             if not args.truncate:
-                raise ValueError(f"Input line {i + 1} encodes to {len(ids)} tokens, more than "
-                                 f"--max-input-length {args.max_input_length}; pass --truncate to cut it.")
-            ids = ids[:args.max_input_length - 1] + [eos]
+                raise ValueError(
+                    f"Input line {i + 1} encodes to {len(ids)} tokens, more than "
+                    f"--max-input-length {args.max_input_length}; pass --truncate to cut it."
+                )
+            ids = ids[: args.max_input_length - 1] + [eos]
         encoded.append(ids)
 
     seed_key = jax.random.PRNGKey(args.seed)
-    common = dict(max_decode_length=args.max_decode_length, temperature=args.temperature, top_k=args.top_k,
-                  top_p=args.top_p, eos_id=eos, max_input_length=args.max_input_length)
-    stats = dict(tokens=0, spec_time=0.0, base_time=0.0, base_tokens=0, drafted=0, accepted=0, calls=0,
-                 dropped_ids=0, beta_sum=0.0, verified=0)
+    common = dict(
+        max_decode_length=args.max_decode_length,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        eos_id=eos,
+        max_input_length=args.max_input_length,
+    )
+    stats = dict(
+        tokens=0,
+        spec_time=0.0,
+        base_time=0.0,
+        base_tokens=0,
+        drafted=0,
+        accepted=0,
+        calls=0,
+        dropped_ids=0,
+        beta_sum=0.0,
+        verified=0,
+    )
     warm = set()
     from specjax.decoding import lower_speculative_sample, lower_temperature_sample
 
@@ -260,16 +325,16 @@ def run(args: argparse.Namespace) -> int:
     try:
         bs = max(1, min(args.batch_size, len(encoded)))  # a short file is not padded to --batch-size rows
         for start in range(0, len(encoded), bs):
-            rows = encoded[start:start + bs]
+            rows = encoded[start : start + bs]
             width = _bucket(max(len(r) for r in rows), args.max_input_length)
             x = np.zeros((bs, width), np.int32)
             for j, ids in enumerate(rows):
-                x[j, :len(ids)] = ids
+                x[j, : len(ids)] = ids
             # Dummy rows (dropped below) copy the first row with its own key, so they finish with it: a
             # different filler would keep the shared loop running after every real row is done.
-            x[len(rows):] = x[0]
+            x[len(rows) :] = x[0]
             line_ids = np.arange(done + start, done + start + bs)
-            line_ids[len(rows):] = line_ids[0]
+            line_ids[len(rows) :] = line_ids[0]
             keys = jax.vmap(lambda i: jax.random.fold_in(seed_key, i))(line_ids)
             r, seconds = timed(spec, x, keys, ("spec", width))
             real = slice(0, len(rows))
@@ -303,16 +368,20 @@ def run(args: argparse.Namespace) -> int:
     fraction = stats["accepted"] / stats["drafted"] if stats["drafted"] else float("nan")
     per_call = stats["tokens"] / stats["calls"] if stats["calls"] else float("nan")
     tps = stats["tokens"] / stats["spec_time"] if stats["spec_time"] else float("nan")
-    print(f"lines {n_lines}, tokens {stats['tokens']}, gamma {args.gamma}, temperature {args.temperature}",
-          file=report)
-    print(f"acceptance rate alpha {alpha:.3f} (the paper's, per token), accepted/drafted {fraction:.3f}, "
-          f"tokens per target call {per_call:.2f}, speculative {tps:.1f} tokens/s (compilation excluded)",
-          file=report)
+    print(f"lines {n_lines}, tokens {stats['tokens']}, gamma {args.gamma}, temperature {args.temperature}", file=report)
+    print(
+        f"acceptance rate alpha {alpha:.3f} (the paper's, per token), accepted/drafted {fraction:.3f}, "
+        f"tokens per target call {per_call:.2f}, speculative {tps:.1f} tokens/s (compilation excluded)",
+        file=report,
+    )
     if args.compare_baseline:
         base_tps = stats["base_tokens"] / stats["base_time"] if stats["base_time"] else float("nan")
         speedup = stats["base_time"] / stats["spec_time"] if stats["spec_time"] else float("nan")
         print(f"baseline {base_tps:.1f} tokens/s, speedup {speedup:.2f}x (wall time, same inputs)", file=report)
     if stats["dropped_ids"]:
-        print(f"warning: {stats['dropped_ids']} generated ids beyond the tokenizer's vocabulary "
-              f"({tokenizer.vocab_size}) were dropped from the text.", file=sys.stderr)
+        print(
+            f"warning: {stats['dropped_ids']} generated ids beyond the tokenizer's vocabulary "
+            f"({tokenizer.vocab_size}) were dropped from the text.",
+            file=sys.stderr,
+        )
     return 0

@@ -27,8 +27,10 @@ def _validate(args) -> None:
     if args.input:
         raise ValueError("--input and --seqio-task are alternatives: the Task's --split is the input.")
     if args.prefix:
-        raise ValueError("--prefix does not apply to --seqio-task: the Task's preprocessors make its inputs "
-                         "(T5's Tasks add 'translate English to German: ' themselves).")
+        raise ValueError(
+            "--prefix does not apply to --seqio-task: the Task's preprocessors make its inputs "
+            "(T5's Tasks add 'translate English to German: ' themselves)."
+        )
     validate_sampling(args.temperature, args.top_k, args.top_p)
     for name in ("gamma", "batch_size", "max_decode_length", "max_input_length"):
         if getattr(args, name) < 1:
@@ -36,8 +38,7 @@ def _validate(args) -> None:
     if args.num_examples is not None and args.num_examples < 1:
         raise ValueError(f"--num-examples must be >= 1, got {args.num_examples}.")
     if bool(args.target) != bool(args.draft):
-        raise ValueError("Give both --target and --draft checkpoints, or neither (to use the embedded default "
-                         "pair).")
+        raise ValueError("Give both --target and --draft checkpoints, or neither (to use the embedded default pair).")
 
 
 def _quiet_tensorflow() -> None:
@@ -45,6 +46,7 @@ def _quiet_tensorflow() -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     try:
         from absl import logging as absl_logging
+
         absl_logging.set_verbosity(absl_logging.ERROR)
     except ImportError:
         pass
@@ -58,10 +60,10 @@ def _load(args):
 
     if args.target:
         tokenizer = Tokenizer(args.tokenizer) if args.tokenizer else None
-        return load_checkpoint(args.target, dtype=args.dtype), load_checkpoint(args.draft, dtype=args.dtype), \
-            tokenizer
-    target, draft, tokenizer = load_default_pair(**({"dtype": args.dtype} if args.dtype else {}),
-                                                 size=getattr(args, "size", None))
+        return load_checkpoint(args.target, dtype=args.dtype), load_checkpoint(args.draft, dtype=args.dtype), tokenizer
+    target, draft, tokenizer = load_default_pair(
+        **({"dtype": args.dtype} if args.dtype else {}), size=getattr(args, "size", None)
+    )
     if args.tokenizer:
         tokenizer = Tokenizer(args.tokenizer)
     return target, draft, tokenizer
@@ -102,32 +104,56 @@ def run(args: argparse.Namespace) -> int:
     out = sys.stdout if args.output == "-" else open(args.output, "a", encoding="utf-8")
 
     def write(batch_tokens):
-        texts = [task_tok.decode(t, out_of_range="unk").replace("\n", " ").replace("\r", " ")
-                 for t in batch_tokens]
+        texts = [task_tok.decode(t, out_of_range="unk").replace("\n", " ").replace("\r", " ") for t in batch_tokens]
         out.write("".join(t + "\n" for t in texts))
         out.flush()
 
     try:
         result = seqio_interop.seqio_decode(
-            task, args.split, target, draft, tokenizer=models_tok, batch_size=args.batch_size,
-            max_decode_length=args.max_decode_length, gamma=args.gamma, temperature=args.temperature,
-            top_k=args.top_k, top_p=args.top_p, seed=args.seed, max_input_length=args.max_input_length,
-            truncate=args.truncate, num_examples=args.num_examples, compare_baseline=args.compare_baseline,
-            runner=runner, skip=done, previous_tokens=previous, on_batch=write, progress=True)
+            task,
+            args.split,
+            target,
+            draft,
+            tokenizer=models_tok,
+            batch_size=args.batch_size,
+            max_decode_length=args.max_decode_length,
+            gamma=args.gamma,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            seed=args.seed,
+            max_input_length=args.max_input_length,
+            truncate=args.truncate,
+            num_examples=args.num_examples,
+            compare_baseline=args.compare_baseline,
+            runner=runner,
+            skip=done,
+            previous_tokens=previous,
+            on_batch=write,
+            progress=True,
+        )
     finally:
         if out is not sys.stdout:
             out.close()
     n_new = len(result.predictions) - done
     if n_new == 0:
         print(f"{args.output}: all {done} examples already written; metrics over them:", file=report)
-    print(f"task {result.task}, split {result.split}, examples {len(result.predictions)} ({n_new} decoded now), "
-          f"gamma {args.gamma}, temperature {args.temperature}", file=report)
+    print(
+        f"task {result.task}, split {result.split}, examples {len(result.predictions)} ({n_new} decoded now), "
+        f"gamma {args.gamma}, temperature {args.temperature}",
+        file=report,
+    )
     for k, v in result.metrics.items():
         print(f"{k} {v:.3f}" if isinstance(v, (int, float)) else f"{k} {v}", file=report)
     if n_new:
-        print(f"acceptance rate (alpha) {result.acceptance_rate:.3f}, tokens per target call "
-              f"{result.tokens_per_target_call:.2f}", file=report)
+        print(
+            f"acceptance rate (alpha) {result.acceptance_rate:.3f}, tokens per target call "
+            f"{result.tokens_per_target_call:.2f}",
+            file=report,
+        )
     if result.speedup is not None:
-        print(f"speedup {result.speedup:.2f}x over the target alone (wall time, same inputs, compilation "
-              "excluded)", file=report)
+        print(
+            f"speedup {result.speedup:.2f}x over the target alone (wall time, same inputs, compilation excluded)",
+            file=report,
+        )
     return 0

@@ -9,20 +9,29 @@ from specjax.cli import add_decoding_args, add_size_arg
 
 def add_parser(sub) -> None:
     """Registers ``specjax translate``."""
-    p = sub.add_parser("translate", help="translate English sentences given as arguments",
-                       description="Translates each argument English->German with the embedded default "
-                                   "pair (or --target/--draft checkpoints) by speculative sampling.")
+    p = sub.add_parser(
+        "translate",
+        help="translate English sentences given as arguments",
+        description="Translates each argument English->German with the embedded default "
+        "pair (or --target/--draft checkpoints) by speculative sampling.",
+    )
     p.add_argument("text", nargs="+", help="English sentences")
     p.add_argument("--target", help="target checkpoint (default: the embedded pair)")
-    p.add_argument("--draft", help="draft checkpoint, or 'prompt-lookup' (n-gram proposals, no draft model; "
-                                   "default: the embedded pair's distilled draft)")
+    p.add_argument(
+        "--draft",
+        help="draft checkpoint, or 'prompt-lookup' (n-gram proposals, no draft model; "
+        "default: the embedded pair's distilled draft)",
+    )
     p.add_argument("--tokenizer", help="SentencePiece model for --target/--draft checkpoints")
     p.add_argument("--prefix", default="", help='task prefix, e.g. "translate English to German: "')
     add_decoding_args(p, gamma=3, max_decode_length=64)
     add_size_arg(p)
     p.add_argument("--max-input-length", type=int, default=512, help="input tokens at most (default 512)")
-    p.add_argument("--truncate", action="store_true",
-                   help="cut longer inputs to --max-input-length tokens (ending in EOS) instead of refusing them")
+    p.add_argument(
+        "--truncate",
+        action="store_true",
+        help="cut longer inputs to --max-input-length tokens (ending in EOS) instead of refusing them",
+    )
     p.set_defaults(func=run)
 
 
@@ -39,8 +48,10 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--tokenizer applies to --target/--draft checkpoints; the embedded pair uses its own.")
     lookup = args.draft == "prompt-lookup"
     if bool(args.target) != bool(args.draft) and not lookup:
-        raise ValueError("Give both --target and --draft, or neither (to use the embedded default pair); "
-                         "--draft prompt-lookup needs no draft model.")
+        raise ValueError(
+            "Give both --target and --draft, or neither (to use the embedded default pair); "
+            "--draft prompt-lookup needs no draft model."
+        )
     if args.target:
         from specjax.checkpoints import load_checkpoint
         from specjax.tokenizer import Tokenizer
@@ -57,13 +68,28 @@ def run(args: argparse.Namespace) -> int:
     rows = [tokenizer.encode(args.prefix + t) for t in args.text]
     (x,) = inputs.batches(rows, batch_size=len(rows))
     from specjax.cli import draft_source, speculative_kwargs
+
     spec_kwargs = speculative_kwargs(args)
-    r = jax.device_get(speculative_sample(
-        target, draft_source(args, draft), x, rng=jax.random.PRNGKey(args.seed), gamma=args.gamma, **spec_kwargs,
-        max_decode_length=args.max_decode_length, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-        max_input_length=args.max_input_length, truncate=args.truncate))
+    r = jax.device_get(
+        speculative_sample(
+            target,
+            draft_source(args, draft),
+            x,
+            rng=jax.random.PRNGKey(args.seed),
+            gamma=args.gamma,
+            **spec_kwargs,
+            max_decode_length=args.max_decode_length,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            max_input_length=args.max_input_length,
+            truncate=args.truncate,
+        )
+    )
     for seq, n in zip(r.sequences, r.lengths):
         print(tokenizer.decode(seq[:n]))
-    print(f"# acceptance rate alpha {r.acceptance_rate:.3f} (the paper's, per token), accepted/drafted "
-          f"{r.accepted_fraction:.3f}, tokens per target call {r.tokens_per_target_call:.2f}")
+    print(
+        f"# acceptance rate alpha {r.acceptance_rate:.3f} (the paper's, per token), accepted/drafted "
+        f"{r.accepted_fraction:.3f}, tokens per target call {r.tokens_per_target_call:.2f}"
+    )
     return 0

@@ -21,7 +21,18 @@ from specjax.decoding.result import DecodeResult
 from specjax.decoding.verify import Proposal, TokenVerifier, Verdict
 
 __all__ = [
-    "DecodeConfig", "DecodeResult", "DecodingModel", "DraftSource", "ModelDraft", "PromptLookupDraft", "Proposal",
-    "TokenVerifier", "Verdict", "as_decoding_model", "lower_speculative_sample", "lower_temperature_sample",
-    "speculative_sample", "temperature_sample",
+    "DecodeConfig",
+    "DecodeResult",
+    "DecodingModel",
+    "DraftSource",
+    "ModelDraft",
+    "PromptLookupDraft",
+    "Proposal",
+    "TokenVerifier",
+    "Verdict",
+    "as_decoding_model",
+    "lower_speculative_sample",
+    "lower_temperature_sample",
+    "speculative_sample",
+    "temperature_sample",
 ]

@@ -29,6 +29,7 @@ class BaselineState(NamedTuple):
       step: int32[] ``i``, the position fed next (all rows advance together; finished rows stop writing).
       sequences: int32[b, T]; done: bool[b]; keys: uint32[b, 2]; lengths: int32[b].
     """
+
     cache: Any
     step: jax.Array
     sequences: jax.Array
@@ -40,20 +41,27 @@ class BaselineState(NamedTuple):
 def sample_next(keys, logits, sampling: SamplingParams) -> jax.Array:
     """One token per row from logits float[b, v]: the argmax when every row is greedy (no probabilities
     built), else a draw from each row's warped distribution (one-hot for its greedy rows)."""
-    return jax.lax.cond(sampling.all_greedy(),
-                        lambda _: argmax(logits),
-                        lambda _: sample_rows(keys, sampling.probs(logits)), None)
+    return jax.lax.cond(
+        sampling.all_greedy(), lambda _: argmax(logits), lambda _: sample_rows(keys, sampling.probs(logits)), None
+    )
 
 
-def _baseline_loop(model: DecodingModel, config: DecodeConfig, params, encoder_input_tokens, raw_key,
-                   sampling: SamplingParams) -> DecodeResult:
+def _baseline_loop(
+    model: DecodingModel, config: DecodeConfig, params, encoder_input_tokens, raw_key, sampling: SamplingParams
+) -> DecodeResult:
     b = encoder_input_tokens.shape[0]
     T, pad_id = config.max_decode_length, model.pad_id
     with jax.named_scope("encode"):
         keys = row_keys(raw_key, b)
         encoded = model.encode(params, encoder_input_tokens)
-    init = BaselineState(model.init_cache(b, T + 1), jnp.zeros((), jnp.int32), jnp.full((b, T), pad_id, jnp.int32),
-                         jnp.zeros((b,), bool), keys, jnp.zeros((b,), jnp.int32))
+    init = BaselineState(
+        model.init_cache(b, T + 1),
+        jnp.zeros((), jnp.int32),
+        jnp.full((b, T), pad_id, jnp.int32),
+        jnp.zeros((b,), bool),
+        keys,
+        jnp.zeros((b,), jnp.int32),
+    )
 
     def body(state: BaselineState) -> BaselineState:
         i = state.step
@@ -78,22 +86,40 @@ def _baseline_loop(model: DecodingModel, config: DecodeConfig, params, encoder_i
 _baseline_jit = TunedJit(_baseline_loop, (0, 1), lambda *a: a[3].shape[0], lambda *a: a[2])
 
 
-def _baseline_args(model, encoder_input_tokens, rng, max_decode_length, temperature, top_k, top_p, eos_id,
-                   max_input_length, truncate):
+def _baseline_args(
+    model, encoder_input_tokens, rng, max_decode_length, temperature, top_k, top_p, eos_id, max_input_length, truncate
+):
     fns, params = as_decoding_model(model, "model")
     config = DecodeConfig(max_decode_length, 0, eos_id)
     if config.eos_id >= fns.vocab_size:
-        raise ValueError(f"eos_id={eos_id!r} is outside the vocabulary [0, {fns.vocab_size}); T5's SentencePiece "
-                         "EOS is 1.")
-    tokens = prepare_tokens(encoder_input_tokens, vocab_size=fns.vocab_size, pad_id=fns.pad_id,
-                            eos_id=config.eos_id, max_input_length=max_input_length, truncate=truncate)
+        raise ValueError(
+            f"eos_id={eos_id!r} is outside the vocabulary [0, {fns.vocab_size}); T5's SentencePiece EOS is 1."
+        )
+    tokens = prepare_tokens(
+        encoder_input_tokens,
+        vocab_size=fns.vocab_size,
+        pad_id=fns.pad_id,
+        eos_id=config.eos_id,
+        max_input_length=max_input_length,
+        truncate=truncate,
+    )
     b = tokens.shape[0]
     return fns, config, params, tokens, raw_keys(rng, b), SamplingParams.broadcast(b, temperature, top_k, top_p)
 
 
-def temperature_sample(model, encoder_input_tokens, *, rng=None, max_decode_length: int, temperature=1.0,
-                       top_k=0, top_p=1.0, eos_id: int = 1, max_input_length: int = 512,
-                       truncate: bool = False) -> DecodeResult:
+def temperature_sample(
+    model,
+    encoder_input_tokens,
+    *,
+    rng=None,
+    max_decode_length: int,
+    temperature=1.0,
+    top_k=0,
+    top_p=1.0,
+    eos_id: int = 1,
+    max_input_length: int = 512,
+    truncate: bool = False,
+) -> DecodeResult:
     """Samples from the target alone, one token per target call (the baseline; t5x ``temperature_sample``).
 
     One jit-compiled ``lax.while_loop``: the input is encoded once, then decoded one token per step from the
@@ -120,23 +146,36 @@ def temperature_sample(model, encoder_input_tokens, *, rng=None, max_decode_leng
         ``max_input_length`` without ``truncate``, temperature < 0, top_k < 0, top_p outside (0, 1], eos_id
         outside the vocabulary, max_decode_length < 1, a bad rng (value checks skipped for traced values).
     """
-    return _baseline_jit(*_baseline_args(model, encoder_input_tokens, rng, max_decode_length, temperature, top_k,
-                                         top_p, eos_id, max_input_length, truncate))
+    return _baseline_jit(
+        *_baseline_args(
+            model,
+            encoder_input_tokens,
+            rng,
+            max_decode_length,
+            temperature,
+            top_k,
+            top_p,
+            eos_id,
+            max_input_length,
+            truncate,
+        )
+    )
 
 
 def lower_temperature_sample(model, encoder_input_tokens, **kwargs) -> jax.stages.Lowered:
     """The lowered XLA program ``temperature_sample`` runs for these arguments (same keywords)."""
-    kwargs = dict(dict(rng=None, temperature=1.0, top_k=0, top_p=1.0, eos_id=1, max_input_length=512,
-                       truncate=False), **kwargs)
-    args = _baseline_args(model, encoder_input_tokens, kwargs.pop("rng"), kwargs.pop("max_decode_length"),
-                          **kwargs)
+    kwargs = dict(
+        dict(rng=None, temperature=1.0, top_k=0, top_p=1.0, eos_id=1, max_input_length=512, truncate=False), **kwargs
+    )
+    args = _baseline_args(model, encoder_input_tokens, kwargs.pop("rng"), kwargs.pop("max_decode_length"), **kwargs)
     return _baseline_jit.lower(*args)
 
 
 def _check_baseline_arguments(model, encoder_input_tokens, **kwargs) -> None:
     """Every check ``temperature_sample`` makes, eagerly, compiling nothing (used by ``specjax.parallel``)."""
-    kwargs = dict(dict(rng=None, temperature=1.0, top_k=0, top_p=1.0, eos_id=1, max_input_length=512,
-                       truncate=False), **kwargs)
+    kwargs = dict(
+        dict(rng=None, temperature=1.0, top_k=0, top_p=1.0, eos_id=1, max_input_length=512, truncate=False), **kwargs
+    )
     _baseline_args(model, encoder_input_tokens, kwargs.pop("rng"), kwargs.pop("max_decode_length"), **kwargs)
 
 

@@ -120,10 +120,10 @@ class BlockVerifier:
 
     def verify(self, keys, proposal: Proposal, target_logits, sampling: SamplingParams) -> Verdict:
         """keys uint32[b, 2], target_logits float[b, k, v] -> ``Verdict`` (see ``Verifier.verify``)."""
+
         def sampled(_):
             q = sampling.probs(target_logits)  # [b, k, v]
-            p = (_one_hot_probs(proposal, q.shape[-1]) if proposal.probs is None else proposal.probs)
+            p = _one_hot_probs(proposal, q.shape[-1]) if proposal.probs is None else proposal.probs
             return Verdict(*block_verify(keys, proposal.tokens, p, q, proposal.lengths))
 
-        return jax.lax.cond(sampling.all_greedy(), lambda _: _greedy_verdict(proposal, target_logits), sampled,
-                            None)
+        return jax.lax.cond(sampling.all_greedy(), lambda _: _greedy_verdict(proposal, target_logits), sampled, None)

@@ -55,12 +55,19 @@ class DraftSource(Protocol):
     runs once per iteration: (``Proposal``, new carry).
     """
 
-    def start(self, params, encoder_input_tokens: jax.Array, cache_length: int) -> tuple[Any, Any]:
-        ...
+    def start(self, params, encoder_input_tokens: jax.Array, cache_length: int) -> tuple[Any, Any]: ...
 
-    def propose(self, params, context, carry, sequences: jax.Array, positions: jax.Array, keys: jax.Array,
-                sampling: SamplingParams, gamma: int) -> tuple[Proposal, Any]:
-        ...
+    def propose(
+        self,
+        params,
+        context,
+        carry,
+        sequences: jax.Array,
+        positions: jax.Array,
+        keys: jax.Array,
+        sampling: SamplingParams,
+        gamma: int,
+    ) -> tuple[Proposal, Any]: ...
 
 
 def _draw_greedy(keys, logits, sampling: SamplingParams):
@@ -79,8 +86,12 @@ def _draw(keys, logits, sampling: SamplingParams):
     """One token per row and the distribution it came from: keys uint32[b, 2], logits float[b, v] ->
     (int32[b], float32[b, v]). All rows greedy: the argmax, p left as zeros (the verifier's greedy branch
     does not read it); chosen at run time (``lax.cond``)."""
-    return jax.lax.cond(sampling.all_greedy(), lambda _: _draw_greedy(keys, logits, sampling),
-                        lambda _: _draw_sampled(keys, logits, sampling), None)
+    return jax.lax.cond(
+        sampling.all_greedy(),
+        lambda _: _draw_greedy(keys, logits, sampling),
+        lambda _: _draw_sampled(keys, logits, sampling),
+        None,
+    )
 
 
 def _confidence(logits, x, p, sampling: SamplingParams):
@@ -109,14 +120,17 @@ class ModelDraft:
     Raises:
       ValueError: a threshold that is not a number in [0, 1].
     """
+
     model: Any
     confidence_threshold: float | None = None
 
     def __post_init__(self):
         c = self.confidence_threshold
         if c is not None and (isinstance(c, bool) or not isinstance(c, numbers.Real) or not 0.0 <= c <= 1.0):
-            raise ValueError(f"draft_confidence_threshold must be None or a number in [0, 1], got {c!r}; "
-                             "try 0.3 to 0.6 (None drafts gamma tokens every iteration).")
+            raise ValueError(
+                f"draft_confidence_threshold must be None or a number in [0, 1], got {c!r}; "
+                "try 0.3 to 0.6 (None drafts gamma tokens every iteration)."
+            )
         if c is not None:
             object.__setattr__(self, "confidence_threshold", float(c))
 
@@ -124,8 +138,10 @@ class ModelDraft:
         """(encoded inputs, carry): the carry is (empty cache [.., b, L, ..], ``limit`` int32[b] zeros: no slot
         written yet)."""
         b = encoder_input_tokens.shape[0]
-        return (self.model.encode(params, encoder_input_tokens),
-                (self.model.init_cache(b, cache_length), jnp.zeros((b,), jnp.int32)))
+        return (
+            self.model.encode(params, encoder_input_tokens),
+            (self.model.init_cache(b, cache_length), jnp.zeros((b,), jnp.int32)),
+        )
 
     def _catch_up(self, params, encoded, cache, sequences, n, limit):
         """The draft's logits at position ``n`` (float32[b, v]) and its cache holding ``d[0..n]``: one token
@@ -135,14 +151,16 @@ class ModelDraft:
         pad_id, b = self.model.pad_id, n.shape[0]
 
         def one(cache):
-            logits, cache = self.model.decode(params, encoded, decoder_input_at(sequences, n, pad_id)[:, None],
-                                              cache, n)
+            logits, cache = self.model.decode(
+                params, encoded, decoder_input_at(sequences, n, pad_id)[:, None], cache, n
+            )
             return logits[:, 0], cache
 
         def two(cache):
             start = jnp.maximum(n - 1, 0)
-            window = jnp.stack([decoder_input_at(sequences, start, pad_id),
-                                decoder_input_at(sequences, n, pad_id)], 1)  # [b, 2]
+            window = jnp.stack(
+                [decoder_input_at(sequences, start, pad_id), decoder_input_at(sequences, n, pad_id)], 1
+            )  # [b, 2]
             logits2, cache = self.model.decode(params, encoded, window, cache, start)  # [b, 2, v]
             return logits2[jnp.arange(b), n - start], cache
 
@@ -156,8 +174,9 @@ class ModelDraft:
         first_logits, cache = self._catch_up(params, encoded, cache, sequences, n, limit)  # [b, v]
         if self.confidence_threshold is not None:
             x1, p1 = _draw(keys[0], first_logits, sampling)
-            proposal, cache = self._propose_until_unsure(params, encoded, cache, sequences, n, keys, sampling,
-                                                         gamma, first_logits, x1, p1)
+            proposal, cache = self._propose_until_unsure(
+                params, encoded, cache, sequences, n, keys, sampling, gamma, first_logits, x1, p1
+            )
             return proposal, (cache, n + proposal.lengths)
 
         def steps(draw, cache):
@@ -177,12 +196,12 @@ class ModelDraft:
 
         # Greedy or sampled is chosen once per iteration, not once per draft step: a conditional inside the
         # scan body costs its dispatch γ times per iteration (measured: benchmarks/results/loop_overhead.md).
-        tokens, probs, cache = jax.lax.cond(sampling.all_greedy(), lambda c: steps(_draw_greedy, c),
-                                            lambda c: steps(_draw_sampled, c), cache)
+        tokens, probs, cache = jax.lax.cond(
+            sampling.all_greedy(), lambda c: steps(_draw_greedy, c), lambda c: steps(_draw_sampled, c), cache
+        )
         return Proposal(tokens, probs, jnp.full((b,), gamma, jnp.int32)), (cache, n + gamma)
 
-    def _propose_until_unsure(self, params, encoded, cache, sequences, n, keys, sampling, gamma, first_logits,
-                              x1, p1):
+    def _propose_until_unsure(self, params, encoded, cache, sequences, n, keys, sampling, gamma, first_logits, x1, p1):
         """Confidence-stopped drafting: slot i is drafted while every earlier token was confident enough
         (and the slot is within max_decode_length). A nested while_loop over slots 1..g-1 that ends when every
         row has stopped; undrafted slots hold token 0 and p = 0, ``lengths`` counts the drafted slots."""
@@ -233,6 +252,7 @@ class PromptLookupDraft:
     Raises:
       ValueError: n-gram sizes out of range.
     """
+
     max_ngram: int = 3
     min_ngram: int = 1
     pad_id: int = 0
@@ -241,11 +261,14 @@ class PromptLookupDraft:
         for name in ("max_ngram", "min_ngram", "pad_id"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "pad_id" else 1):
-                raise ValueError(f"PromptLookupDraft.{name} must be an int >= {0 if name == 'pad_id' else 1}, got "
-                                 f"{value!r}; max_ngram=3, min_ngram=1 is the usual choice.")
+                raise ValueError(
+                    f"PromptLookupDraft.{name} must be an int >= {0 if name == 'pad_id' else 1}, got "
+                    f"{value!r}; max_ngram=3, min_ngram=1 is the usual choice."
+                )
         if self.min_ngram > self.max_ngram:
-            raise ValueError(f"PromptLookupDraft needs min_ngram <= max_ngram, got {self.min_ngram} > "
-                             f"{self.max_ngram}.")
+            raise ValueError(
+                f"PromptLookupDraft needs min_ngram <= max_ngram, got {self.min_ngram} > {self.max_ngram}."
+            )
 
     def start(self, params, encoder_input_tokens, cache_length):
         """(the encoder input with padding replaced by -1: int32[b, s], no carry)."""
@@ -264,17 +287,18 @@ class PromptLookupDraft:
         S = hay.shape[1]
         width = self.max_ngram + gamma
         hay_pad = jnp.concatenate([hay, jnp.full((b, width), -1, jnp.int32)], axis=1)  # [b, S + width]
-        shifted = jnp.stack([hay_pad[:, k:k + S] for k in range(width)], axis=1)  # [b, width, S]: hay[j + k]
+        shifted = jnp.stack([hay_pad[:, k : k + S] for k in range(width)], axis=1)  # [b, width, S]: hay[j + k]
         start = jnp.arange(S)[None, :]
 
         found = jnp.zeros((b,), bool)
         follow = jnp.zeros((b,), jnp.int32)  # hay index of the first copied token
         for m in range(self.max_ngram, self.min_ngram - 1, -1):
-            last = jnp.take_along_axis(sequences, jnp.clip(n[:, None] - m + jnp.arange(m)[None, :], 0, T - 1),
-                                       axis=1)  # [b, m] the last m emitted tokens
+            last = jnp.take_along_axis(
+                sequences, jnp.clip(n[:, None] - m + jnp.arange(m)[None, :], 0, T - 1), axis=1
+            )  # [b, m] the last m emitted tokens
             match = shifted[:, m] >= 0  # at least one token follows the occurrence
             for k in range(m):
-                match = match & (shifted[:, k] == last[:, k:k + 1])
+                match = match & (shifted[:, k] == last[:, k : k + 1])
             match = match & (n >= m)[:, None]
             latest = jnp.max(jnp.where(match, start, -1), axis=1)  # [b]
             use = ~found & (latest >= 0)

@@ -19,9 +19,16 @@ import jax.numpy as jnp
 import numpy as np
 
 __all__ = [
-    "DecodeConfig", "VERIFICATIONS", "is_tracer", "check_int", "prepare_tokens", "raw_keys", "row_keys",
+    "DecodeConfig",
+    "VERIFICATIONS",
+    "is_tracer",
+    "check_int",
+    "prepare_tokens",
+    "raw_keys",
+    "row_keys",
     "bucket_length",
-    "pad_batch", "batches",
+    "pad_batch",
+    "batches",
 ]
 
 VERIFICATIONS = ("token", "block")
@@ -57,6 +64,7 @@ class DecodeConfig:
     Raises:
       ValueError: a field out of range, with the way out in the message.
     """
+
     max_decode_length: int
     gamma: int = 0
     eos_id: int = 1
@@ -65,8 +73,11 @@ class DecodeConfig:
     def __post_init__(self):
         check_int("max_decode_length", self.max_decode_length, 1, "it is the most output tokens per row.")
         check_int("gamma", self.gamma, 0, "it is the number of draft tokens per target call (try 3 to 7).")
-        if isinstance(self.eos_id, (bool, np.bool_)) or not isinstance(self.eos_id, (int, np.integer)) \
-                or self.eos_id < 0:
+        if (
+            isinstance(self.eos_id, (bool, np.bool_))
+            or not isinstance(self.eos_id, (int, np.integer))
+            or self.eos_id < 0
+        ):
             raise ValueError(f"eos_id={self.eos_id!r} is outside the vocabulary; T5's SentencePiece EOS is 1.")
         if self.gamma > self.max_decode_length:  # more drafts than tokens can never be used: clip
             object.__setattr__(self, "gamma", int(self.max_decode_length))
@@ -77,8 +88,9 @@ class DecodeConfig:
         object.__setattr__(self, "eos_id", int(self.eos_id))
 
 
-def prepare_tokens(encoder_input_tokens, *, vocab_size: int, pad_id: int, eos_id: int, max_input_length: int,
-                   truncate: bool):
+def prepare_tokens(
+    encoder_input_tokens, *, vocab_size: int, pad_id: int, eos_id: int, max_input_length: int, truncate: bool
+):
     """Checks ``encoder_input_tokens`` and cuts inputs longer than ``max_input_length`` when ``truncate``.
 
     Args:
@@ -94,29 +106,34 @@ def prepare_tokens(encoder_input_tokens, *, vocab_size: int, pad_id: int, eos_id
       ValueError: not 2-D, empty batch or length, non-integer dtype; when concrete: ids outside the
         vocabulary, or an input longer than ``max_input_length`` without ``truncate``.
     """
-    max_input_length = check_int("max_input_length", max_input_length, 1,
-                                 "it bounds the encoder input length (T5 was trained with 512).")
+    max_input_length = check_int(
+        "max_input_length", max_input_length, 1, "it bounds the encoder input length (T5 was trained with 512)."
+    )
     traced = is_tracer(encoder_input_tokens)
     if not traced and not isinstance(encoder_input_tokens, jax.Array):
         encoder_input_tokens = np.asarray(encoder_input_tokens)
     shape, dtype = np.shape(encoder_input_tokens), encoder_input_tokens.dtype
     if len(shape) == 1:
-        raise ValueError(f"encoder_input_tokens must be 2-D [batch, length], got shape {shape}; for one input "
-                         "use tokens[None, :].")
+        raise ValueError(
+            f"encoder_input_tokens must be 2-D [batch, length], got shape {shape}; for one input use tokens[None, :]."
+        )
     if len(shape) != 2:
         raise ValueError(f"encoder_input_tokens must be 2-D [batch, length], got shape {shape}.")
     if shape[0] == 0:
         raise ValueError("encoder_input_tokens is an empty batch (0 rows); pass at least one input.")
     if shape[1] == 0:
-        raise ValueError("encoder_input_tokens has length 0; every input needs at least one token (T5 inputs "
-                         "end with EOS).")
+        raise ValueError(
+            "encoder_input_tokens has length 0; every input needs at least one token (T5 inputs end with EOS)."
+        )
     if not jnp.issubdtype(dtype, jnp.integer):
         raise ValueError(f"encoder_input_tokens must hold integer token ids, got dtype {dtype}.")
     if not traced:
         arr = np.asarray(encoder_input_tokens)
         if arr.min() < 0 or arr.max() >= vocab_size:
-            raise ValueError(f"encoder_input_tokens holds ids outside the vocabulary [0, {vocab_size}): min "
-                             f"{arr.min()}, max {arr.max()}. Was it encoded with the models' tokenizer?")
+            raise ValueError(
+                f"encoder_input_tokens holds ids outside the vocabulary [0, {vocab_size}): min "
+                f"{arr.min()}, max {arr.max()}. Was it encoded with the models' tokenizer?"
+            )
         real = arr != pad_id
         lengths = np.where(real.any(axis=1), arr.shape[1] - np.argmax(real[:, ::-1], axis=1), 0)
         too_long = lengths > max_input_length
@@ -125,12 +142,15 @@ def prepare_tokens(encoder_input_tokens, *, vocab_size: int, pad_id: int, eos_id
             raise ValueError(
                 f"input row {row} has {int(lengths[row])} tokens, more than max_input_length={max_input_length}; "
                 f"pass truncate=True (CLI: --truncate) to keep the first {max_input_length} tokens (ending in "
-                "EOS), or raise max_input_length if the models handle longer inputs.")
+                "EOS), or raise max_input_length if the models handle longer inputs."
+            )
     if shape[1] <= max_input_length:
         return encoder_input_tokens.astype(np.int32) if not traced else encoder_input_tokens.astype(jnp.int32)
     if not truncate and traced:
-        raise ValueError(f"encoder_input_tokens has {shape[1]} columns, more than max_input_length="
-                         f"{max_input_length}; inside jax.jit pass truncate=True or shorter inputs.")
+        raise ValueError(
+            f"encoder_input_tokens has {shape[1]} columns, more than max_input_length="
+            f"{max_input_length}; inside jax.jit pass truncate=True or shorter inputs."
+        )
     xp = jnp if traced or isinstance(encoder_input_tokens, jax.Array) else np
     arr = encoder_input_tokens
     real = arr != pad_id
@@ -163,20 +183,26 @@ def raw_keys(rng, batch: int):
         rng = 0
     if isinstance(rng, (int, np.integer)) and not isinstance(rng, (bool, np.bool_)):
         seed = int(rng)
-        if 0 <= seed < 2 ** 32:  # PRNGKey(seed) for the default threefry keys, without a device call
+        if 0 <= seed < 2**32:  # PRNGKey(seed) for the default threefry keys, without a device call
             return np.array([0, seed], np.uint32)
         rng = jax.random.PRNGKey(seed)
     if not hasattr(rng, "dtype"):
-        raise ValueError(f"rng must be a PRNG key (jax.random.key / PRNGKey), an int seed, None, or one key per "
-                         f"row, got {type(rng).__name__}.")
+        raise ValueError(
+            f"rng must be a PRNG key (jax.random.key / PRNGKey), an int seed, None, or one key per "
+            f"row, got {type(rng).__name__}."
+        )
     if jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):
         rng = jax.random.key_data(rng)
     if rng.dtype != jnp.uint32 or rng.ndim not in (1, 2) or rng.shape[-1] != 2:
-        raise ValueError(f"rng must be a PRNG key (jax.random.key / PRNGKey), an int seed, or one key per row, "
-                         f"got dtype {rng.dtype} shape {tuple(rng.shape)}.")
+        raise ValueError(
+            f"rng must be a PRNG key (jax.random.key / PRNGKey), an int seed, or one key per row, "
+            f"got dtype {rng.dtype} shape {tuple(rng.shape)}."
+        )
     if rng.ndim == 2 and rng.shape[0] != batch:
-        raise ValueError(f"rng holds {rng.shape[0]} per-row keys for a batch of {batch}; pass one key (rows get "
-                         "fold_in(key, row)) or exactly one key per row.")
+        raise ValueError(
+            f"rng holds {rng.shape[0]} per-row keys for a batch of {batch}; pass one key (rows get "
+            "fold_in(key, row)) or exactly one key per row."
+        )
     return rng
 
 
@@ -221,12 +247,13 @@ def pad_batch(rows: Sequence[Sequence[int]], batch_size: int, length: int, pad_i
     rows = list(rows) + [rows[0]] * (batch_size - len(rows))
     out = np.full((batch_size, length), pad_id, np.int32)
     for i, r in enumerate(rows):
-        out[i, :len(r)] = r
+        out[i, : len(r)] = r
     return out
 
 
-def batches(rows: Sequence[Sequence[int]], batch_size: int, length: int | None = None,
-            pad_id: int = 0) -> list[np.ndarray]:
+def batches(
+    rows: Sequence[Sequence[int]], batch_size: int, length: int | None = None, pad_id: int = 0
+) -> list[np.ndarray]:
     """Token id lists -> int32[batch_size, L] batches in order (the last one filled with copies of its first
     row); L = ``length`` or ``bucket_length`` of the longest row, so every batch of a run shares one shape.
 
@@ -236,5 +263,4 @@ def batches(rows: Sequence[Sequence[int]], batch_size: int, length: int | None =
     if not rows:
         raise ValueError("No inputs to batch.")
     L = length or bucket_length(max(len(r) for r in rows))
-    return [pad_batch(rows[i:i + batch_size], batch_size, L, pad_id) for i in range(0, len(rows), batch_size)]
-
+    return [pad_batch(rows[i : i + batch_size], batch_size, L, pad_id) for i in range(0, len(rows), batch_size)]

@@ -17,7 +17,6 @@ The target's cache invariant (per row, ``n`` = tokens emitted = ``positions``; d
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -46,6 +45,7 @@ class SpecState(NamedTuple):
       keys: uint32[b, 2] per-row PRNG keys, split once per iteration.
       counters: ``Counters``.
     """
+
     target_cache: Any
     draft_carry: Any
     positions: jax.Array
@@ -97,16 +97,27 @@ def commit(state: SpecState, proposal: Proposal, verdict: Verdict, config: Decod
     act = active.astype(jnp.int32)
     c = state.counters
     counters = Counters(
-        target_calls=c.target_calls + act, draft_tokens=c.draft_tokens + act * useful,
+        target_calls=c.target_calls + act,
+        draft_tokens=c.draft_tokens + act * useful,
         accepted=c.accepted + act * accepted,
-        beta_sum=c.beta_sum + jnp.where(active, jnp.sum(jnp.where(slot < verified[:, None], verdict.beta, 0.0), 1), 0.0),
+        beta_sum=c.beta_sum
+        + jnp.where(active, jnp.sum(jnp.where(slot < verified[:, None], verdict.beta, 0.0), 1), 0.0),
         num_verified=c.num_verified + act * verified,
-        accepted_per_position=c.accepted_per_position + act[:, None] * (slot < accepted[:, None]))
+        accepted_per_position=c.accepted_per_position + act[:, None] * (slot < accepted[:, None]),
+    )
     return state._replace(positions=positions, sequences=sequences, done=done, counters=counters)
 
 
-def _speculative_loop(target: DecodingModel, draft: DraftSource, config: DecodeConfig, target_params,
-                      draft_params, encoder_input_tokens, raw_key, sampling: SamplingParams) -> DecodeResult:
+def _speculative_loop(
+    target: DecodingModel,
+    draft: DraftSource,
+    config: DecodeConfig,
+    target_params,
+    draft_params,
+    encoder_input_tokens,
+    raw_key,
+    sampling: SamplingParams,
+) -> DecodeResult:
     b = encoder_input_tokens.shape[0]
     T, g = config.max_decode_length, config.gamma
     verifier = get_verifier(config.verification)
@@ -114,15 +125,29 @@ def _speculative_loop(target: DecodingModel, draft: DraftSource, config: DecodeC
         keys = row_keys(raw_key, b)
         encoded = target.encode(target_params, encoder_input_tokens)
         draft_context, draft_carry = draft.start(draft_params, encoder_input_tokens, T + g + 1)
-    init = SpecState(target.init_cache(b, T + g + 1), draft_carry, jnp.zeros((b,), jnp.int32),
-                     jnp.full((b, T), target.pad_id, jnp.int32), jnp.zeros((b,), bool), keys,
-                     Counters.zeros(b, g))
+    init = SpecState(
+        target.init_cache(b, T + g + 1),
+        draft_carry,
+        jnp.zeros((b,), jnp.int32),
+        jnp.full((b, T), target.pad_id, jnp.int32),
+        jnp.zeros((b,), bool),
+        keys,
+        Counters.zeros(b, g),
+    )
 
     def body(state: SpecState) -> SpecState:  # Leviathan et al. 2023, Algorithm 1, every row at once
         step_keys = split_rows(state.keys, g + 2)  # [g + 2, b, 2]
         with jax.named_scope("draft"):
-            proposal, draft_carry = draft.propose(draft_params, draft_context, state.draft_carry,
-                                                  state.sequences, state.positions, step_keys[2:], sampling, g)
+            proposal, draft_carry = draft.propose(
+                draft_params,
+                draft_context,
+                state.draft_carry,
+                state.sequences,
+                state.positions,
+                step_keys[2:],
+                sampling,
+                g,
+            )
         with jax.named_scope("verify"):
             target_logits, target_cache = verify_window(target, target_params, encoded, state, proposal)
         with jax.named_scope("accept"):
@@ -137,8 +162,7 @@ def _speculative_loop(target: DecodingModel, draft: DraftSource, config: DecodeC
 
 # Arguments: (target, draft, config, target_params, draft_params, tokens [b, s], key, sampling); the largest
 # dot is the target's window, b x (gamma + 1) rows.
-_speculative_jit = TunedJit(_speculative_loop, (0, 1, 2), lambda *a: a[5].shape[0] * (a[2].gamma + 1),
-                            lambda *a: a[3])
+_speculative_jit = TunedJit(_speculative_loop, (0, 1, 2), lambda *a: a[5].shape[0] * (a[2].gamma + 1), lambda *a: a[3])
 
 
 def as_draft_source(draft) -> tuple[DraftSource, Any]:
@@ -149,14 +173,30 @@ def as_draft_source(draft) -> tuple[DraftSource, Any]:
     return ModelDraft(fns), params
 
 
-def _speculative_args(target, draft, encoder_input_tokens, rng, gamma, max_decode_length, temperature, top_k,
-                      top_p, eos_id, max_input_length, truncate, verification, draft_confidence_threshold=None):
+def _speculative_args(
+    target,
+    draft,
+    encoder_input_tokens,
+    rng,
+    gamma,
+    max_decode_length,
+    temperature,
+    top_k,
+    top_p,
+    eos_id,
+    max_input_length,
+    truncate,
+    verification,
+    draft_confidence_threshold=None,
+):
     target_fns, target_params = as_decoding_model(target, "target")
     source, draft_params = as_draft_source(draft)
     if draft_confidence_threshold is not None:
         if not isinstance(source, ModelDraft):
-            raise ValueError(f"draft_confidence_threshold needs a draft model, got {type(source).__name__}; drop "
-                             "it (a prompt-lookup proposal has no confidence).")
+            raise ValueError(
+                f"draft_confidence_threshold needs a draft model, got {type(source).__name__}; drop "
+                "it (a prompt-lookup proposal has no confidence)."
+            )
         source = dataclasses.replace(source, confidence_threshold=draft_confidence_threshold)
     draft_fns = getattr(source, "model", None)
     if draft_fns is not None and target_fns.vocab_size != draft_fns.vocab_size:
@@ -164,28 +204,52 @@ def _speculative_args(target, draft, encoder_input_tokens, rng, gamma, max_decod
             f"draft vocabulary ({draft_fns.vocab_size} tokens) differs from the target's ({target_fns.vocab_size});"
             " speculative sampling compares both models' probabilities token by token, so use a draft trained "
             "with the target's tokenizer and vocabulary size (all public T5 / T5 1.1 / Flan-T5 checkpoints use "
-            "32128).")
+            "32128)."
+        )
     if draft_fns is not None and target_fns.pad_id != draft_fns.pad_id:
-        raise ValueError(f"draft pad_id {draft_fns.pad_id} differs from the target's {target_fns.pad_id}; both "
-                         "models must start decoding from the same token.")
+        raise ValueError(
+            f"draft pad_id {draft_fns.pad_id} differs from the target's {target_fns.pad_id}; both "
+            "models must start decoding from the same token."
+        )
     if isinstance(gamma, (int,)) and not isinstance(gamma, bool) and gamma < 1:
-        raise ValueError(f"gamma must be an int >= 1, got {gamma!r}; it is the number of draft tokens per target "
-                         "call (try 3 to 7).")
+        raise ValueError(
+            f"gamma must be an int >= 1, got {gamma!r}; it is the number of draft tokens per target call (try 3 to 7)."
+        )
     config = DecodeConfig(max_decode_length, gamma, eos_id, verification)
     if config.eos_id >= target_fns.vocab_size:
-        raise ValueError(f"eos_id={eos_id!r} is outside the vocabulary [0, {target_fns.vocab_size}); T5's "
-                         "SentencePiece EOS is 1.")
-    tokens = prepare_tokens(encoder_input_tokens, vocab_size=target_fns.vocab_size, pad_id=target_fns.pad_id,
-                            eos_id=config.eos_id, max_input_length=max_input_length, truncate=truncate)
+        raise ValueError(
+            f"eos_id={eos_id!r} is outside the vocabulary [0, {target_fns.vocab_size}); T5's SentencePiece EOS is 1."
+        )
+    tokens = prepare_tokens(
+        encoder_input_tokens,
+        vocab_size=target_fns.vocab_size,
+        pad_id=target_fns.pad_id,
+        eos_id=config.eos_id,
+        max_input_length=max_input_length,
+        truncate=truncate,
+    )
     b = tokens.shape[0]
     sampling = SamplingParams.broadcast(b, temperature, top_k, top_p)
     return target_fns, source, config, target_params, draft_params, tokens, raw_keys(rng, b), sampling
 
 
-def speculative_sample(target, draft, encoder_input_tokens, *, rng=None, gamma: int, max_decode_length: int,
-                       temperature=1.0, top_k=0, top_p=1.0, eos_id: int = 1, max_input_length: int = 512,
-                       truncate: bool = False, verification: str = "token",
-                       draft_confidence_threshold: float | None = None) -> DecodeResult:
+def speculative_sample(
+    target,
+    draft,
+    encoder_input_tokens,
+    *,
+    rng=None,
+    gamma: int,
+    max_decode_length: int,
+    temperature=1.0,
+    top_k=0,
+    top_p=1.0,
+    eos_id: int = 1,
+    max_input_length: int = 512,
+    truncate: bool = False,
+    verification: str = "token",
+    draft_confidence_threshold: float | None = None,
+) -> DecodeResult:
     """Speculative sampling: a draft proposes ``gamma`` tokens, the target checks them in one call.
 
     Leviathan et al. 2023, Algorithm 1 (Chen et al. 2023, Algorithm 2) for encoder-decoders: each model
@@ -233,27 +297,78 @@ def speculative_sample(target, draft, encoder_input_tokens, *, rng=None, gamma: 
         temperature < 0, top_k < 0, top_p outside (0, 1]; eos_id outside the vocabulary; an unknown
         verification; a bad rng. Value checks are skipped for traced values.
     """
-    return _speculative_jit(*_speculative_args(target, draft, encoder_input_tokens, rng, gamma, max_decode_length,
-                                               temperature, top_k, top_p, eos_id, max_input_length, truncate,
-                                               verification, draft_confidence_threshold))
+    return _speculative_jit(
+        *_speculative_args(
+            target,
+            draft,
+            encoder_input_tokens,
+            rng,
+            gamma,
+            max_decode_length,
+            temperature,
+            top_k,
+            top_p,
+            eos_id,
+            max_input_length,
+            truncate,
+            verification,
+            draft_confidence_threshold,
+        )
+    )
 
 
 def lower_speculative_sample(target, draft, encoder_input_tokens, **kwargs) -> jax.stages.Lowered:
     """The lowered XLA program ``speculative_sample`` runs for these arguments (same keywords); for
     inspection, tests and ahead-of-time compilation (``.compile()``)."""
-    kwargs = dict(dict(rng=None, temperature=1.0, top_k=0, top_p=1.0, eos_id=1, max_input_length=512,
-                       truncate=False, verification="token"), **kwargs)
-    args = _speculative_args(target, draft, encoder_input_tokens, kwargs.pop("rng"), kwargs.pop("gamma"),
-                             kwargs.pop("max_decode_length"), **kwargs)
+    kwargs = dict(
+        dict(
+            rng=None,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            eos_id=1,
+            max_input_length=512,
+            truncate=False,
+            verification="token",
+        ),
+        **kwargs,
+    )
+    args = _speculative_args(
+        target,
+        draft,
+        encoder_input_tokens,
+        kwargs.pop("rng"),
+        kwargs.pop("gamma"),
+        kwargs.pop("max_decode_length"),
+        **kwargs,
+    )
     return _speculative_jit.lower(*args)
 
 
 def _check_speculative_arguments(target, draft, encoder_input_tokens, **kwargs) -> None:
     """Every check ``speculative_sample`` makes, eagerly, compiling nothing (used by ``specjax.parallel``)."""
-    kwargs = dict(dict(rng=None, temperature=1.0, top_k=0, top_p=1.0, eos_id=1, max_input_length=512,
-                       truncate=False, verification="token"), **kwargs)
-    _speculative_args(target, draft, encoder_input_tokens, kwargs.pop("rng"), kwargs.pop("gamma"),
-                      kwargs.pop("max_decode_length"), **kwargs)
+    kwargs = dict(
+        dict(
+            rng=None,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            eos_id=1,
+            max_input_length=512,
+            truncate=False,
+            verification="token",
+        ),
+        **kwargs,
+    )
+    _speculative_args(
+        target,
+        draft,
+        encoder_input_tokens,
+        kwargs.pop("rng"),
+        kwargs.pop("gamma"),
+        kwargs.pop("max_decode_length"),
+        **kwargs,
+    )
 
 
 speculative_sample.check_arguments = _check_speculative_arguments

@@ -25,14 +25,16 @@ class DecodingModel(Protocol):
       vocab_size: ``v``.
       pad_id: padding of encoder inputs and the first decoder input token.
     """
+
     vocab_size: int
     pad_id: int
 
     def encode(self, params: Params, encoder_input_tokens: jax.Array) -> Any:
         """int32[b, s] -> a pytree the decoder reads (computed once per call)."""
 
-    def decode(self, params: Params, encoded: Any, tokens: jax.Array, cache: Any,
-               positions: jax.Array) -> tuple[jax.Array, Any]:
+    def decode(
+        self, params: Params, encoded: Any, tokens: jax.Array, cache: Any, positions: jax.Array
+    ) -> tuple[jax.Array, Any]:
         """tokens int32[b, k] at per-row positions int32[b] -> (logits float[b, k, v], cache)."""
 
     def init_cache(self, batch: int, length: int) -> Any:
@@ -50,6 +52,8 @@ def as_decoding_model(model, what: str) -> tuple[DecodingModel, Params]:
         return model.decoding_model()
     if isinstance(model, tuple) and len(model) == 2 and isinstance(model[0], DecodingModel):
         return model
-    raise ValueError(f"{what} must be a specjax T5Model or a (DecodingModel, params) pair, got "
-                     f"{type(model).__name__}. Load one with specjax.load_checkpoint(path), "
-                     "specjax.load_default_pair() or T5Model.random(config).")
+    raise ValueError(
+        f"{what} must be a specjax T5Model or a (DecodingModel, params) pair, got "
+        f"{type(model).__name__}. Load one with specjax.load_checkpoint(path), "
+        "specjax.load_default_pair() or T5Model.random(config)."
+    )

@@ -29,6 +29,7 @@ class Counters(NamedTuple):
     target_calls, draft_tokens, accepted, num_verified: int32[b]; beta_sum: float32[b];
     accepted_per_position: int32[b, g].
     """
+
     target_calls: jax.Array
     draft_tokens: jax.Array
     accepted: jax.Array
@@ -44,8 +45,10 @@ class Counters(NamedTuple):
 
 def _concrete(x, what: str) -> np.ndarray:
     if isinstance(x, jax.core.Tracer):
-        raise TypeError(f"DecodeResult.{what} summarises concrete arrays; inside jax.jit compute it from the "
-                        "fields (e.g. beta_sum.sum() / num_verified.sum()) or return the result first.")
+        raise TypeError(
+            f"DecodeResult.{what} summarises concrete arrays; inside jax.jit compute it from the "
+            "fields (e.g. beta_sum.sum() / num_verified.sum()) or return the result first."
+        )
     return np.asarray(x)
 
 
@@ -71,6 +74,7 @@ class DecodeResult:
       accepted_per_position: int32[b, g] how many iterations accepted draft position ``i`` (vLLM's
         ``num_accepted_tokens_per_pos``); [b, 0] for the baseline.
     """
+
     sequences: jax.Array
     lengths: jax.Array
     num_target_calls: jax.Array
@@ -84,8 +88,16 @@ class DecodeResult:
     def from_loop(cls, sequences, lengths, counters: Counters) -> "DecodeResult":
         """Builds the result from a loop's final sequences, lengths and ``Counters``."""
         c = counters
-        return cls(sequences, lengths, c.target_calls, c.draft_tokens, c.accepted, c.beta_sum, c.num_verified,
-                   c.accepted_per_position)
+        return cls(
+            sequences,
+            lengths,
+            c.target_calls,
+            c.draft_tokens,
+            c.accepted,
+            c.beta_sum,
+            c.num_verified,
+            c.accepted_per_position,
+        )
 
     @property
     def acceptance_rate(self) -> float:

@@ -33,6 +33,7 @@ class Proposal(NamedTuple):
         is greedy.
       lengths: int32[b] drafted slots per row (<= g); slots past it hold no draft and are never accepted.
     """
+
     tokens: jax.Array
     probs: jax.Array | None
     lengths: jax.Array
@@ -42,6 +43,7 @@ class Verdict(NamedTuple):
     """A verifier's answer per row: ``num_accepted`` int32[b] in [0, g], ``next_token`` int32[b] (emitted after
     the accepted drafts), ``beta`` float32[b, g] (the paper's β = Σ_x min(p_i(x), q_i(x)) at each draft
     position; the commit step keeps the verified positions)."""
+
     num_accepted: jax.Array
     next_token: jax.Array
     beta: jax.Array
@@ -50,8 +52,9 @@ class Verdict(NamedTuple):
 class Verifier(Protocol):
     """A verification rule (frozen dataclass, static under jit) with one method."""
 
-    def verify(self, keys: jax.Array, proposal: Proposal, target_logits: jax.Array,
-               sampling: SamplingParams) -> Verdict:
+    def verify(
+        self, keys: jax.Array, proposal: Proposal, target_logits: jax.Array, sampling: SamplingParams
+    ) -> Verdict:
         """keys uint32[b, 2], target_logits float[b, k, v] -> ``Verdict``."""
 
 
@@ -111,20 +114,21 @@ class TokenVerifier:
 
     def verify(self, keys, proposal: Proposal, target_logits, sampling: SamplingParams) -> Verdict:
         """See ``Verifier.verify`` and ``token_verify``."""
+
         def sampled(_):
             q = sampling.probs(target_logits)  # [b, k, v]
-            p = (_one_hot_probs(proposal, q.shape[-1]) if proposal.probs is None else proposal.probs)
+            p = _one_hot_probs(proposal, q.shape[-1]) if proposal.probs is None else proposal.probs
             return Verdict(*token_verify(keys, proposal.tokens, p, q, proposal.lengths))
 
-        return jax.lax.cond(sampling.all_greedy(), lambda _: _greedy_verdict(proposal, target_logits), sampled,
-                            None)
+        return jax.lax.cond(sampling.all_greedy(), lambda _: _greedy_verdict(proposal, target_logits), sampled, None)
 
 
 def get_verifier(name: str) -> Verifier:
-    """"token" -> ``TokenVerifier()``, "block" -> ``BlockVerifier()`` (Sun et al. 2025)."""
+    """ "token" -> ``TokenVerifier()``, "block" -> ``BlockVerifier()`` (Sun et al. 2025)."""
     if name == "token":
         return TokenVerifier()
     if name == "block":
         from specjax.decoding.block import BlockVerifier
+
         return BlockVerifier()
     raise ValueError(f"unknown verification {name!r}; use 'token' or 'block'.")

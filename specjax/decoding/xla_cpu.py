@@ -36,8 +36,16 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-__all__ = ["SMALL_DOT_ROWS", "SMALL_DOT_OPTIONS", "TRAIN_STEP_OPTIONS", "YNN_FUSION_OPTION", "cpu_compiler_options",
-           "train_step_compiler_options", "weights_dtype", "TunedJit"]
+__all__ = [
+    "SMALL_DOT_ROWS",
+    "SMALL_DOT_OPTIONS",
+    "TRAIN_STEP_OPTIONS",
+    "YNN_FUSION_OPTION",
+    "cpu_compiler_options",
+    "train_step_compiler_options",
+    "weights_dtype",
+    "TunedJit",
+]
 
 YNN_FUSION_OPTION = "xla_cpu_experimental_ynn_fusion_type"
 SMALL_DOT_ROWS = 32
@@ -71,8 +79,12 @@ def cpu_compiler_options(rows: int, dtype=jnp.float32) -> dict | None:
     (XLA's defaults); None on other backends, when ``XLA_FLAGS`` names one of the options, or when
     ``SPECJAX_XLA_CPU_OPTIONS=0``.
     """
-    if (_user_chose(SMALL_DOT_OPTIONS) or rows > SMALL_DOT_ROWS or jnp.dtype(dtype) != jnp.float32
-            or jax.default_backend() != "cpu"):
+    if (
+        _user_chose(SMALL_DOT_OPTIONS)
+        or rows > SMALL_DOT_ROWS
+        or jnp.dtype(dtype) != jnp.float32
+        or jax.default_backend() != "cpu"
+    ):
         return None
     return dict(SMALL_DOT_OPTIONS)
 
@@ -99,15 +111,15 @@ class TunedJit:
     ``__call__``, ``lower`` and ``_cache_size`` behave as ``jax.jit``'s (the cache size sums every variant).
     """
 
-    def __init__(self, fn: Callable, static_argnums: tuple[int, ...], rows: Callable[..., int],
-                 params: Callable[..., object]):
+    def __init__(
+        self, fn: Callable, static_argnums: tuple[int, ...], rows: Callable[..., int], params: Callable[..., object]
+    ):
         self._fn, self._static, self._rows, self._params = fn, static_argnums, rows, params
         self.plain = jax.jit(fn, static_argnums=static_argnums)
         self._tuned: dict[tuple, Callable] = {}
 
     def _pick(self, args):
-        options = (cpu_compiler_options(self._rows(*args), weights_dtype(self._params(*args))) if _top_level()
-                   else None)
+        options = cpu_compiler_options(self._rows(*args), weights_dtype(self._params(*args))) if _top_level() else None
         if not options:
             return self.plain
         key = tuple(sorted(options.items()))

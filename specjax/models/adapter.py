@@ -40,6 +40,7 @@ class T5Decoding:
         longer converts the whole cache to float32 and back around each window's write nor the
         cross-attention memory in every window (``T5Model.decoding_model`` picks it on CPU).
     """
+
     config: t5.T5Config
     encode_widths: tuple[int, ...] = ENCODE_WIDTHS
     kv_dtype: str | None = None
@@ -80,6 +81,7 @@ class T5Decoding:
                 grow_k = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, s - w)))  # [b, n, h, s]
                 grow_v = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, s - w), (0, 0)))  # [b, n, s, h]
                 return t5.Encoded(mask, tuple(map(grow_k, enc.cross_k)), tuple(map(grow_v, enc.cross_v)))
+
             return run
 
         return jax.lax.switch(index, [at_width(w) for w in widths], tokens)

@@ -28,8 +28,19 @@ import numpy as np
 from specjax.config import T5Config
 
 __all__ = [
-    "Encoded", "KVCache", "T5Model", "Transformer", "encode", "decode", "init_cache", "logits",
-    "relative_position_bucket", "init_params", "param_logical_axes", "ENCODED_AXES", "CACHE_AXES",
+    "Encoded",
+    "KVCache",
+    "T5Model",
+    "Transformer",
+    "encode",
+    "decode",
+    "init_cache",
+    "logits",
+    "relative_position_bucket",
+    "init_params",
+    "param_logical_axes",
+    "ENCODED_AXES",
+    "CACHE_AXES",
     "logical_axes",
 ]
 
@@ -54,6 +65,7 @@ class Encoded(NamedTuple):
       cross_v: tuple of l arrays [b, n, s, h], cross-attention values.
                                                                 axes ("batch", "heads", "length", "kv")
     """
+
     mask: jax.Array
     cross_k: tuple[jax.Array, ...]
     cross_v: tuple[jax.Array, ...]
@@ -71,13 +83,15 @@ class KVCache(NamedTuple):
       v: tuple of l arrays [b, n, L, h], values.                              axes as ``k``
     A row's slots at or beyond its current position are stale and masked by ``decode``.
     """
+
     k: tuple[jax.Array, ...]
     v: tuple[jax.Array, ...]
 
 
 # Logical axis names of every leaf (``specjax.parallel`` maps them to mesh axes).
-ENCODED_AXES = Encoded(mask=("batch", "length"), cross_k=("batch", "heads", "kv", "length"),
-                       cross_v=("batch", "heads", "length", "kv"))
+ENCODED_AXES = Encoded(
+    mask=("batch", "length"), cross_k=("batch", "heads", "kv", "length"), cross_v=("batch", "heads", "length", "kv")
+)
 CACHE_AXES = KVCache(k=("batch", "heads", "length", "kv"), v=("batch", "heads", "length", "kv"))
 
 
@@ -85,16 +99,14 @@ def logical_axes(tree):
     """The logical axis names of each leaf of an ``Encoded`` or ``KVCache``: a pytree of the same
     structure whose leaves are tuples of names (e.g. ``("batch", "heads", "length", "kv")``)."""
     axes = ENCODED_AXES if isinstance(tree, Encoded) else CACHE_AXES
-    return type(tree)(*(f if not isinstance(x, tuple) else tuple(f for _ in x)
-                        for x, f in zip(tree, axes)))
+    return type(tree)(*(f if not isinstance(x, tuple) else tuple(f for _ in x) for x, f in zip(tree, axes)))
 
 
 # ----------------------------------------------------------------------------------------------------------
 # Building blocks
 
 
-def relative_position_bucket(relative_position, bidirectional: bool, num_buckets: int = 32,
-                             max_distance: int = 128):
+def relative_position_bucket(relative_position, bidirectional: bool, num_buckets: int = 32, max_distance: int = 128):
     """Maps ``memory_position - query_position`` (int array, any shape) to a bucket in [0, num_buckets).
 
     Raffel et al. 2020 section 2.1; the same rule as Mesh TensorFlow ``_relative_position_bucket`` and
@@ -113,7 +125,9 @@ def relative_position_bucket(relative_position, bidirectional: bool, num_buckets
     is_small = n < max_exact
     val_if_large = max_exact + (
         jnp.log(n.astype(np.float32) / max_exact + np.finfo(np.float32).eps)
-        / np.log(max_distance / max_exact) * (num_buckets - max_exact)).astype(np.int32)
+        / np.log(max_distance / max_exact)
+        * (num_buckets - max_exact)
+    ).astype(np.int32)
     val_if_large = jnp.minimum(val_if_large, num_buckets - 1)
     return ret + jnp.where(is_small, n, val_if_large)
 
@@ -139,9 +153,8 @@ def _dropout(module: nn.Module, x, rate: float, broadcast_dims: tuple[int, ...] 
         return x
     key = jax.random.bits(module.make_rng("dropout"), (4,), jnp.uint32)
     shape = tuple(1 if i in {d % x.ndim for d in broadcast_dims} else n for i, n in enumerate(x.shape))
-    _, bits = jax.lax.rng_bit_generator(key, shape, dtype=jnp.uint32,
-                                        algorithm=jax.lax.RandomAlgorithm.RNG_THREE_FRY)
-    keep = bits >= jnp.uint32(min(round(rate * 2.0 ** 32), 2 ** 32 - 1))
+    _, bits = jax.lax.rng_bit_generator(key, shape, dtype=jnp.uint32, algorithm=jax.lax.RandomAlgorithm.RNG_THREE_FRY)
+    keep = bits >= jnp.uint32(min(round(rate * 2.0**32), 2**32 - 1))
     return jnp.where(keep, x / (1.0 - rate), 0.0).astype(x.dtype)
 
 
@@ -178,8 +191,10 @@ def _bf16_dense_matmul_bwd(residuals, g):
     """dx [..., i] = g [..., o] @ kernel^T, dkernel [i, o] = x^T @ g (summed over the leading dims)."""
     x, kernel = residuals
     g = g.astype(x.dtype)
-    return (_f32_accumulated("...o,io->...i", g, kernel, x.dtype),
-            _f32_accumulated("...i,...o->io", x, g, kernel.dtype))
+    return (
+        _f32_accumulated("...o,io->...i", g, kernel, x.dtype),
+        _f32_accumulated("...i,...o->io", x, g, kernel.dtype),
+    )
 
 
 _bf16_dense_matmul.defvjp(_bf16_dense_matmul_fwd, _bf16_dense_matmul_bwd)
@@ -191,6 +206,7 @@ def _param(module: nn.Module, name: str, init, shape, axes, dtype):
 
 class RMSNorm(nn.Module):
     """T5 layer norm: ``x / sqrt(mean(x^2) + eps) * scale``, no mean, no bias, computed in float32."""
+
     config: T5Config
 
     @nn.compact
@@ -204,6 +220,7 @@ class RMSNorm(nn.Module):
 
 class Dense(nn.Module):
     """A bias-free kernel ``[in, out]`` (t5x ``DenseGeneral`` flattened to 2-D, as t5x checkpoints store it)."""
+
     features: int
     axes: tuple[str, str]
     config: T5Config
@@ -219,22 +236,30 @@ class Dense(nn.Module):
 
 class RelativePositionBias(nn.Module):
     """``rel_embedding[n, buckets]``, turned into an attention bias ``[b, n, q, m]``."""
+
     bidirectional: bool
     config: T5Config
 
     def setup(self):
         cfg = self.config
-        self.rel_embedding = _param(self, "rel_embedding",
-                                    nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"),
-                                    (cfg.num_heads, cfg.relative_attention_num_buckets),
-                                    ("heads", "relpos_buckets"), cfg.weight_dtype)
+        self.rel_embedding = _param(
+            self,
+            "rel_embedding",
+            nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"),
+            (cfg.num_heads, cfg.relative_attention_num_buckets),
+            ("heads", "relpos_buckets"),
+            cfg.weight_dtype,
+        )
 
     def __call__(self, query_pos, memory_pos):
         """query_pos: int[b, q]; memory_pos: int[b, m] -> float32 bias [b, n, q, m]."""
         cfg = self.config
-        bucket = relative_position_bucket(memory_pos[:, None, :] - query_pos[:, :, None],
-                                          self.bidirectional, cfg.relative_attention_num_buckets,
-                                          cfg.relative_attention_max_distance)  # [b, q, m]
+        bucket = relative_position_bucket(
+            memory_pos[:, None, :] - query_pos[:, :, None],
+            self.bidirectional,
+            cfg.relative_attention_num_buckets,
+            cfg.relative_attention_max_distance,
+        )  # [b, q, m]
         bias = jnp.take(self.rel_embedding.astype(jnp.float32), bucket, axis=1)  # [n, b, q, m]
         return jnp.transpose(bias, (1, 0, 2, 3))
 
@@ -243,9 +268,12 @@ class RelativePositionBias(nn.Module):
         the last column is ``NEG_INF`` (a memory slot after the query). Depends only on the parameters and
         the static cache length, so a decode step gathers from it instead of bucketing every slot."""
         cfg = self.config
-        bucket = relative_position_bucket(-jnp.arange(length, dtype=jnp.int32), self.bidirectional,
-                                          cfg.relative_attention_num_buckets,
-                                          cfg.relative_attention_max_distance)  # [length]
+        bucket = relative_position_bucket(
+            -jnp.arange(length, dtype=jnp.int32),
+            self.bidirectional,
+            cfg.relative_attention_num_buckets,
+            cfg.relative_attention_max_distance,
+        )  # [length]
         table = jnp.take(self.rel_embedding.astype(jnp.float32), bucket, axis=1)  # [n, length]
         return jnp.concatenate([table, jnp.full((cfg.num_heads, 1), NEG_INF, jnp.float32)], axis=1)
 
@@ -257,6 +285,7 @@ class Projections(nn.Module):
     query (t5x ``dot_product_attention`` with ``broadcast_dropout``); 0 (inference, and dropout style
     "sublayers") leaves them alone.
     """
+
     config: T5Config
     dropout_rate: float = 0.0
 
@@ -305,8 +334,9 @@ class Projections(nn.Module):
         """
         cfg = self.config
         q_bnth = jnp.swapaxes(q_btnh, 1, 2)
-        scores = jnp.einsum("bnth,bnhs->bnts" if keys_hs else "bnth,bnsh->bnts", q_bnth, k_bnsh,
-                            preferred_element_type=jnp.float32)
+        scores = jnp.einsum(
+            "bnth,bnhs->bnts" if keys_hs else "bnth,bnsh->bnts", q_bnth, k_bnsh, preferred_element_type=jnp.float32
+        )
         weights = _dropout(self, jax.nn.softmax(scores + bias_bnts, axis=-1), self.dropout_rate, (-2,))
         weights = weights.astype(cfg.compute_dtype)
         # Values wider than the compute dtype (a float32 cache of a bfloat16 model) give the same products; the
@@ -322,6 +352,7 @@ class MLP(nn.Module):
     ``dropout_rate``: dropout on the hidden activations in training, shared along the length axis (t5x
     ``MlpBlock``'s ``intermediate_dropout_rate``); 0 leaves them alone.
     """
+
     config: T5Config
     dropout_rate: float = 0.0
 
@@ -329,8 +360,9 @@ class MLP(nn.Module):
     def __call__(self, x):
         cfg = self.config
         if cfg.gated_gelu:
-            h = (nn.gelu(Dense(cfg.mlp_dim, ("embed", "mlp"), cfg, name="wi_0")(x), approximate=True)
-                 * Dense(cfg.mlp_dim, ("embed", "mlp"), cfg, name="wi_1")(x))
+            h = nn.gelu(Dense(cfg.mlp_dim, ("embed", "mlp"), cfg, name="wi_0")(x), approximate=True) * Dense(
+                cfg.mlp_dim, ("embed", "mlp"), cfg, name="wi_1"
+            )(x)
         else:
             h = nn.relu(Dense(cfg.mlp_dim, ("embed", "mlp"), cfg, name="wi")(x))
         return Dense(cfg.d_model, ("mlp", "embed"), cfg, name="wo")(_dropout(self, h, self.dropout_rate, (-2,)))
@@ -350,6 +382,7 @@ def _length_shared(style: str) -> tuple[int, ...]:
 
 class EncoderLayer(nn.Module):
     """One encoder block: x + SelfAttn(RMSNorm(x)), then x + MLP(RMSNorm(x)); x [b, s, d] -> [b, s, d]."""
+
     config: T5Config
     dropout_rate: float = 0.0
     dropout_style: str = "sublayers"
@@ -365,15 +398,21 @@ class EncoderLayer(nn.Module):
         with jax.named_scope("self_attention"):
             y = self.pre_attention_layer_norm(x)
             k, v = self.attention.kv_heads_first(y)
-            x = x + _dropout(self, self.attention.attend(self.attention.q(y), k, v, bias), self.dropout_rate,
-                             _length_shared(self.dropout_style))
+            x = x + _dropout(
+                self,
+                self.attention.attend(self.attention.q(y), k, v, bias),
+                self.dropout_rate,
+                _length_shared(self.dropout_style),
+            )
         with jax.named_scope("mlp"):
-            return x + _dropout(self, self.mlp(self.pre_mlp_layer_norm(x)), self.dropout_rate,
-                                _length_shared(self.dropout_style))
+            return x + _dropout(
+                self, self.mlp(self.pre_mlp_layer_norm(x)), self.dropout_rate, _length_shared(self.dropout_style)
+            )
 
 
 class DecoderLayer(nn.Module):
     """One decoder block (self-attention over the cache, cross-attention, MLP); x [b, k, d] -> [b, k, d]."""
+
     config: T5Config
     dropout_rate: float = 0.0
     dropout_style: str = "sublayers"
@@ -401,21 +440,32 @@ class DecoderLayer(nn.Module):
             y = self.pre_self_attention_layer_norm(x)
             new_k, new_v = self.self_attention.kv(y)
             k, v = write(self_kv[0], new_k), write(self_kv[1], new_v)
-            x = x + _dropout(self, self.self_attention.attend(self.self_attention.q(y), k, v, self_bias),
-                             self.dropout_rate, _length_shared(self.dropout_style))
+            x = x + _dropout(
+                self,
+                self.self_attention.attend(self.self_attention.q(y), k, v, self_bias),
+                self.dropout_rate,
+                _length_shared(self.dropout_style),
+            )
         with jax.named_scope("cross_attention"):
             y = self.pre_cross_attention_layer_norm(x)
-            x = x + _dropout(self, self.encoder_decoder_attention.attend(
-                self.encoder_decoder_attention.q(y), cross_kv[0], cross_kv[1], cross_bias, keys_hs=True),
-                self.dropout_rate, _length_shared(self.dropout_style))
+            x = x + _dropout(
+                self,
+                self.encoder_decoder_attention.attend(
+                    self.encoder_decoder_attention.q(y), cross_kv[0], cross_kv[1], cross_bias, keys_hs=True
+                ),
+                self.dropout_rate,
+                _length_shared(self.dropout_style),
+            )
         with jax.named_scope("mlp"):
-            x = x + _dropout(self, self.mlp(self.pre_mlp_layer_norm(x)), self.dropout_rate,
-                             _length_shared(self.dropout_style))
+            x = x + _dropout(
+                self, self.mlp(self.pre_mlp_layer_norm(x)), self.dropout_rate, _length_shared(self.dropout_style)
+            )
         return x, (k, v)
 
 
 class Encoder(nn.Module):
     """Token embeddings [b, s, d] and mask bool[b, s] -> final encoder states [b, s, d] (after RMSNorm)."""
+
     config: T5Config
     dropout_rate: float = 0.0
     dropout_style: str = "sublayers"
@@ -423,8 +473,10 @@ class Encoder(nn.Module):
     def setup(self):
         cfg = self.config
         self.relpos_bias = RelativePositionBias(True, cfg)
-        self.layers = [EncoderLayer(cfg, self.dropout_rate, self.dropout_style, name=f"layers_{i}")
-                       for i in range(cfg.num_encoder_layers)]
+        self.layers = [
+            EncoderLayer(cfg, self.dropout_rate, self.dropout_style, name=f"layers_{i}")
+            for i in range(cfg.num_encoder_layers)
+        ]
         self.encoder_norm = RMSNorm(cfg)
 
     def __call__(self, x_bsd, mask_bs):
@@ -439,6 +491,7 @@ class Encoder(nn.Module):
 
 class Decoder(nn.Module):
     """A k-token window at per-row positions against the cache -> (float32 logits [b, k, v], new cache)."""
+
     config: T5Config
     dropout_rate: float = 0.0
     dropout_style: str = "sublayers"
@@ -446,8 +499,10 @@ class Decoder(nn.Module):
     def setup(self):
         cfg = self.config
         self.relpos_bias = RelativePositionBias(False, cfg)
-        self.layers = [DecoderLayer(cfg, self.dropout_rate, self.dropout_style, name=f"layers_{i}")
-                       for i in range(cfg.num_decoder_layers)]
+        self.layers = [
+            DecoderLayer(cfg, self.dropout_rate, self.dropout_style, name=f"layers_{i}")
+            for i in range(cfg.num_decoder_layers)
+        ]
         self.decoder_norm = RMSNorm(cfg)
         if not cfg.logits_via_embedding:
             self.logits_dense = Dense(cfg.vocab_size, ("embed", "vocab"), cfg)
@@ -480,8 +535,9 @@ class Decoder(nn.Module):
         new_k, new_v = [], []
         x_bkd = _dropout(self, x_bkd, self.dropout_rate, _length_shared(self.dropout_style))
         for i, layer in enumerate(self.layers):
-            x_bkd, (lk, lv) = layer(x_bkd, (cache.k[i], cache.v[i]), self_bias,
-                                    (encoded.cross_k[i], encoded.cross_v[i]), cross_bias, write)
+            x_bkd, (lk, lv) = layer(
+                x_bkd, (cache.k[i], cache.v[i]), self_bias, (encoded.cross_k[i], encoded.cross_v[i]), cross_bias, write
+            )
             new_k.append(lk)
             new_v.append(lv)
         y = _dropout(self, self.decoder_norm(x_bkd), self.dropout_rate, _length_shared(self.dropout_style))
@@ -494,12 +550,19 @@ class Decoder(nn.Module):
 
 class Embed(nn.Module):
     """Shared token embedding ``[v, d]`` (t5x ``token_embedder/embedding``)."""
+
     config: T5Config
 
     def setup(self):
         cfg = self.config
-        self.embedding = _param(self, "embedding", nn.initializers.normal(1.0),
-                                (cfg.vocab_size, cfg.d_model), ("vocab", "embed"), cfg.weight_dtype)
+        self.embedding = _param(
+            self,
+            "embedding",
+            nn.initializers.normal(1.0),
+            (cfg.vocab_size, cfg.d_model),
+            ("vocab", "embed"),
+            cfg.weight_dtype,
+        )
 
     def __call__(self, tokens):
         return jnp.take(self.embedding, tokens, axis=0).astype(self.config.compute_dtype)
@@ -515,6 +578,7 @@ class Transformer(nn.Module):
     ``dropout_rate`` > 0 only in training (``logits(..., dropout_rng=...)``); inference never drops.
     ``dropout_style``: where and how (``logits``).
     """
+
     config: T5Config
     dropout_rate: float = 0.0
     dropout_style: str = "sublayers"
@@ -581,7 +645,8 @@ def _check_tokens(config: T5Config, tokens, what: str):
     if arr.size and (arr.min() < 0 or arr.max() >= config.vocab_size):
         raise ValueError(
             f"{what} holds token ids outside the vocabulary [0, {config.vocab_size}): min {arr.min()}, "
-            f"max {arr.max()}. Was it encoded with the model's own tokenizer?")
+            f"max {arr.max()}. Was it encoded with the model's own tokenizer?"
+        )
 
 
 def encode(config: T5Config, params: Params, encoder_input_tokens) -> Encoded:
@@ -597,15 +662,17 @@ def encode(config: T5Config, params: Params, encoder_input_tokens) -> Encoded:
       ValueError: tokens outside the vocabulary or not a 2-D int array (checked when concrete).
     """
     _check_tokens(config, encoder_input_tokens, "encoder_input_tokens")
-    return Transformer(config).apply({"params": params}, jnp.asarray(encoder_input_tokens, jnp.int32),
-                                     method=Transformer.encode)[1]
+    return Transformer(config).apply(
+        {"params": params}, jnp.asarray(encoder_input_tokens, jnp.int32), method=Transformer.encode
+    )[1]
 
 
 def encoder_outputs(config: T5Config, params: Params, encoder_input_tokens) -> jax.Array:
     """The encoder's final hidden states [b, s, d] (after the final RMSNorm), as t5x ``Transformer.encode``."""
     _check_tokens(config, encoder_input_tokens, "encoder_input_tokens")
-    return Transformer(config).apply({"params": params}, jnp.asarray(encoder_input_tokens, jnp.int32),
-                                     method=Transformer.encode)[0]
+    return Transformer(config).apply(
+        {"params": params}, jnp.asarray(encoder_input_tokens, jnp.int32), method=Transformer.encode
+    )[0]
 
 
 def decode(config: T5Config, params: Params, encoded: Encoded, tokens, cache: KVCache, positions):
@@ -625,13 +692,26 @@ def decode(config: T5Config, params: Params, encoded: Encoded, tokens, cache: KV
     Returns:
       (logits float32[b, k, v], updated cache).
     """
-    return Transformer(config).apply({"params": params}, encoded, jnp.asarray(tokens, jnp.int32), cache,
-                                     jnp.asarray(positions, jnp.int32), method=Transformer.decode)
+    return Transformer(config).apply(
+        {"params": params},
+        encoded,
+        jnp.asarray(tokens, jnp.int32),
+        cache,
+        jnp.asarray(positions, jnp.int32),
+        method=Transformer.decode,
+    )
 
 
-def logits(config: T5Config, params: Params, encoder_input_tokens, decoder_input_tokens, *,
-           dropout_rate: float = 0.0, dropout_rng: jax.Array | None = None,
-           dropout_style: str = "sublayers") -> jax.Array:
+def logits(
+    config: T5Config,
+    params: Params,
+    encoder_input_tokens,
+    decoder_input_tokens,
+    *,
+    dropout_rate: float = 0.0,
+    dropout_rng: jax.Array | None = None,
+    dropout_style: str = "sublayers",
+) -> jax.Array:
     """Teacher-forced forward pass: float32 logits [b, t, v] (t5x ``Transformer.__call__``).
 
     Training passes ``dropout_rate`` > 0 with a ``dropout_rng`` key (T5's dropout on embeddings, every
@@ -657,8 +737,11 @@ def logits(config: T5Config, params: Params, encoder_input_tokens, decoder_input
         raise ValueError(f"dropout_style must be one of {DROPOUT_STYLES}, got {dropout_style!r}.")
     rngs = {"dropout": dropout_rng} if dropout_rate > 0.0 else {}
     return Transformer(config, dropout_rate, dropout_style).apply(
-        {"params": params}, jnp.asarray(encoder_input_tokens, jnp.int32),
-        jnp.asarray(decoder_input_tokens, jnp.int32), rngs=rngs)
+        {"params": params},
+        jnp.asarray(encoder_input_tokens, jnp.int32),
+        jnp.asarray(decoder_input_tokens, jnp.int32),
+        rngs=rngs,
+    )
 
 
 def _init_boxed(config: T5Config, rng):
@@ -702,6 +785,7 @@ class T5Model:
       params: nested dict of arrays keyed by t5x parameter names
         (``encoder/layers_0/attention/query/kernel`` [d, n*h], ``token_embedder/embedding`` [v, d] …).
     """
+
     config: T5Config
     params: Params
 
@@ -762,10 +846,11 @@ class T5Model:
         (b x n x L x h x 4 bytes per layer and per keys / values: 0.14 MB a layer for the small target).
         """
         from specjax.models.adapter import T5Decoding
+
         return T5Decoding(self.config, kv_dtype=self._decode_kv_dtype()), self._decode_params()
 
     def _decode_kv_dtype(self) -> str | None:
-        """"float32" on CPU for a bfloat16 / float16 model (see ``T5Decoding.kv_dtype``), else None. Called on
+        """ "float32" on CPU for a bfloat16 / float16 model (see ``T5Decoding.kv_dtype``), else None. Called on
         every decode: it reads the config and one parameter, never the whole tree."""
         if jnp.dtype(self.config.compute_dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
             return None
@@ -780,9 +865,13 @@ class T5Model:
             return cached
         params = self.params
         table = params.get("token_embedder", {}).get("embedding") if isinstance(params, dict) else None
-        if (table is None or self.config.logits_via_embedding or isinstance(table, jax.core.Tracer)
-                or jnp.dtype(table.dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-                or not _on_cpu(table)):
+        if (
+            table is None
+            or self.config.logits_via_embedding
+            or isinstance(table, jax.core.Tracer)
+            or jnp.dtype(table.dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+            or not _on_cpu(table)
+        ):
             return params
         embedder = dict(params["token_embedder"], embedding=jnp.asarray(table, jnp.float32))
         decode_params = dict(params, token_embedder=embedder)
@@ -805,8 +894,9 @@ jax.tree_util.register_dataclass(T5Model, data_fields=["params"], meta_fields=["
 def _jit_logits(config, params, encoder_input_tokens, decoder_input_tokens):
     _check_tokens(config, encoder_input_tokens, "encoder_input_tokens")
     _check_tokens(config, decoder_input_tokens, "decoder_input_tokens")
-    return _logits_jit(config, params, jnp.asarray(encoder_input_tokens, jnp.int32),
-                       jnp.asarray(decoder_input_tokens, jnp.int32))
+    return _logits_jit(
+        config, params, jnp.asarray(encoder_input_tokens, jnp.int32), jnp.asarray(decoder_input_tokens, jnp.int32)
+    )
 
 
 @functools.partial(jax.jit, static_argnums=0)
