@@ -7,6 +7,9 @@ jitted ``fori_loop`` each way, in this one process, alternately (best of 3). Pri
 attention block and whether the outputs are bit-identical. Nothing is asserted.
 
     python benchmarks/attention_layout.py            # the shapes of the small pair's decode loops
+
+Cited by docs/benchmarks.md ("CPU notes": queries heads-first). Output, as committed:
+``python benchmarks/attention_layout.py > benchmarks/results/cpu_kernels/YYYY-MM-DD_attention_layout.txt``.
 """
 
 from __future__ import annotations
@@ -77,7 +80,8 @@ def main() -> int:
     for label, *args in CASES:
         best, same = case(*args)
         print(
-            f"{label:42} {best['stored']:8.1f} {best['heads-first']:12.1f} {best['stored'] / best['heads-first']:6.2f}x  {same}"
+            f"{label:42} {best['stored']:8.1f} {best['heads-first']:12.1f} "
+            f"{best['stored'] / best['heads-first']:6.2f}x  {same}"
         )
     return 0
 

@@ -1,4 +1,4 @@
-"""Checkpoint averaging: the element-wise mean of a run's weight snapshots, exported like `export_run.py`.
+"""Checkpoint averaging: the element-wise mean of a run's weight snapshots, exported as a Hugging Face checkpoint.
 
 Usage (from the repository root):
   python benchmarks/average_snapshots.py OUT_DIR RUN_DIR/snapshots/step_5000.msgpack ... [--dtype bfloat16]
@@ -14,6 +14,9 @@ snapshot's step) and spiece.model (--vocab). `benchmarks/target_bleu.py OUT_DIR 
 
 Raises SystemExit with a message for: no snapshots, snapshots of different parameter trees or shapes, a
 missing RUN_DIR/config.json.
+
+Cited by docs/training.md (the small target: the mean of its last five snapshots, as shipped). Output: OUT_DIR, a
+checkpoint; its BLEU lines went to ``benchmarks/results/training/2026-12-06_target_bleu.txt``.
 """
 
 import argparse

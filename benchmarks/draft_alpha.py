@@ -7,9 +7,12 @@ Usage (from the repository root, data in ../shared/data):
 Each draft (a Hugging Face directory as ``--export`` writes, or a ``specjax train`` snapshot whose config is read
 from RUN_DIR/config.json) is run with ``speculative_sample`` against the target at batch 16 on the first
 ``--num-inputs`` validation lines (``--split test``: test 2016 lines; the training sees neither), γ 5, at
-temperatures 0 and 1, and the acceptance rate α (Leviathan et al. 2023, §3.1: the mean of β = Σ_x min(p(x), q(x)) over verified positions,
-accumulated in the loop) is printed per draft. α does not depend on the machine's speed, so this runs beside a
-training job.
+temperatures 0 and 1, and the acceptance rate α (Leviathan et al. 2023, §3.1: the mean of
+β = Σ_x min(p(x), q(x)) over verified positions, accumulated in the loop) is printed per draft. α does not
+depend on the machine's speed, so this runs beside a training job.
+
+Cited by docs/training.md and docs/models.md (the shipped drafts' α). Output, as committed:
+``python benchmarks/draft_alpha.py ... --split test >> benchmarks/results/small_pair/YYYY-MM-DD_alpha.txt``.
 """
 
 import argparse

@@ -1,5 +1,5 @@
-"""Issue 11 measured on the shipped pair: token vs block verification, confidence-stopped drafting vs fixed γ,
-prompt lookup (no draft model), each against temperature_sample on the same inputs, side by side.
+"""The drafting variants measured on a shipped pair: token vs block verification, confidence-stopped drafting vs
+fixed γ, prompt lookup (no draft model), each against temperature_sample on the same inputs, side by side.
 
 Every variant of a (task, batch size, temperature) group is compiled first, then all variants and the baseline
 run alternately over the same batches, ``--repeats`` times; the table gives the best pass of each (tokens/s),
@@ -7,7 +7,10 @@ its speedup over the baseline's best pass, tokens per target call and the paper'
 positions, accumulated in the loop). Nothing is asserted; the machine is shared, so only ratios within a group
 mean anything.
 
-    python benchmarks/drafting_variants.py --out benchmarks/results/drafting_variants.md
+    python benchmarks/drafting_variants.py --out benchmarks/results/drafting_variants/YYYY-MM-DD_multi30k.md
+
+Cited by docs/benchmarks.md ("Drafting variants"). Output: the ``--out`` table,
+``benchmarks/results/drafting_variants/YYYY-MM-DD_multi30k.md`` (and ``_other.md`` for the other tasks).
 """
 
 from __future__ import annotations
@@ -51,9 +54,10 @@ def main(argv=None) -> None:
     ap.add_argument("--lookup-gamma", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--out")
+    ap.add_argument("--size", choices=["mini", "small"], default="mini", help="which shipped pair (cited: mini)")
     args = ap.parse_args(argv)
 
-    target, draft, tok = specjax.load_default_pair()
+    target, draft, tok = specjax.load_default_pair(size=args.size)
     lookup = specjax.PromptLookupDraft(max_ngram=3)
     lines_out = [
         f"jax {jax.__version__} {jax.default_backend()}; shipped mini pair (distilled draft); best of "
@@ -96,7 +100,6 @@ def main(argv=None) -> None:
                             jax.block_until_ready(r.sequences)
                             res.append(jax.device_get(r))
                         dt = time.perf_counter() - t0
-                        rows = min(n, len(xs) * b)
                         tokens = sum(int(np.sum(r.lengths)) for r in res)
                         if name not in best or dt < best[name][0]:
                             best[name] = (dt, tokens, res)

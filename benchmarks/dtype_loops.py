@@ -14,6 +14,10 @@ what a user gets.
 beside the shipped one, each with the bfloat16 target, e.g. a draft of another depth before it ships. The last
 column, tokens per target call (output tokens over target calls, summed over the lines), is what each draft
 buys; its cost per call is what the total time adds.
+
+Cited by README.md and docs/benchmarks.md (the small pair's headline speedup). Output, as committed:
+``python benchmarks/dtype_loops.py --num-inputs 24 --gammas 4 5 6 7 --drafts float32 >
+benchmarks/results/small_pair/YYYY-MM-DD_dtype_loops_N.txt``.
 """
 
 from __future__ import annotations
@@ -87,7 +91,7 @@ def main(argv=None) -> int:
     outputs = {k: [] for k in fns}
     calls = {k: [0, 0] for k in fns}  # output tokens, target calls
     for x in lines[:1]:
-        for k, (f, _) in fns.items():  # compile
+        for f, _ in fns.values():  # compile
             jax.block_until_ready(f(x))
     best = {k: np.full(len(lines), np.inf) for k in fns}
     for r in range(args.repeats):

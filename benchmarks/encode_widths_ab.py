@@ -7,6 +7,8 @@ one process and timed alternately, repeated (best of the repeats). Prints tokens
 the per-call wall time, and whether the outputs are token-for-token equal. Nothing is asserted.
 
     python benchmarks/encode_widths_ab.py --lines 32 --gammas 3 --temperatures 0 1 --batch-sizes 1 32
+
+Cited by docs/benchmarks.md ("CPU notes": run-time encoder width); it prints its table on stdout.
 """
 
 from __future__ import annotations

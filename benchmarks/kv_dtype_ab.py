@@ -8,6 +8,9 @@ bfloat16 target alone each way, the ratios, and how many lines' outputs are toke
 should all be: the memory holds the same values). Nothing is asserted.
 
     python benchmarks/kv_dtype_ab.py --num-inputs 24 --gamma 5
+
+Cited by docs/benchmarks.md ("CPU notes": attention memory in float32). Output, as committed:
+``python benchmarks/kv_dtype_ab.py > benchmarks/results/cpu_kernels/YYYY-MM-DD_kv_dtype_ab.txt``.
 """
 
 from __future__ import annotations

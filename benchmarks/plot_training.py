@@ -5,11 +5,12 @@ in nats per target token, also under label smoothing — and ``loss``, the objec
 files of ``benchmarks/target_bleu.py`` output lines (``.../step_N.msgpack val ... BLEU = x ...``), whose
 validation BLEU per snapshot step is drawn on a second axis. Nothing is computed here beyond reading.
 
-    python benchmarks/plot_training.py benchmarks/results/small_pair/training_curves.png \
-        --log "old recipe, dropout 0.1 (shipped: its step 2,250; then a new cosine to 9,000)=benchmarks/results/small_pair/target_log.jsonl" \
-        --log "target_ls: dropout 0.3/0.15 + label smoothing 0.1 (stopped at 4,495)=benchmarks/results/small_pair/target_ls_log.jsonl" \
-        --bleu "old recipe=benchmarks/results/small_pair/target_bleu.txt" \
-        --bleu "target_ls=benchmarks/results/small_pair/target_ls_bleu.txt"
+Cited by docs/training.md ("What did not work": AdamW against Adafactor on the small target). Output, as
+committed (R=benchmarks/results/training)::
+
+    python benchmarks/plot_training.py $R/2026-12-06_target_curves.png --tokens-per-batch 4096 \
+        --log "AdamW 4e-4, embedding learning rate x22.6 (test BLEU 25.81)=$R/2026-12-06_target_adamw_log.jsonl" \
+        --log "Adafactor 1e-2, shipped after averaging (test BLEU 31.63)=$R/2026-12-06_target_adafactor_log.jsonl"
 """
 
 from __future__ import annotations

@@ -8,12 +8,15 @@ Initialising a shallow student from a subset of a deeper model's layers, the fir
 distilling it, is what DistilBERT (Sanh et al. 2019, section 3: "taking one layer out of two") and
 Distil-Whisper (Gandhi et al. 2023, section 4: "maximally spaced" decoder layers, the first and last for two)
 do. A draft's per-token decode cost is its decoder's (the encoder runs once per input), so its decoder depth
-is the lever (`specjax/assets/small_pair/TRAINING.md`, eighteenth session).
+is the lever (docs/training.md).
 
 IN_DIR: a Hugging Face directory (`config.json` + `model.safetensors`, as `specjax train --export` writes) or
 any checkpoint `specjax.load_checkpoint` reads. OUT_DIR gets `config.json`, `model.safetensors` (the input's
 dtype) and the input's `spiece.model` when it has one. SystemExit with a message for a layer index outside the
 model, a repeated index, or no layer kept.
+
+Cited by docs/training.md (the shipped small draft's 2-decoder-layer starting point). Output: OUT_DIR, a
+checkpoint.
 """
 
 import argparse

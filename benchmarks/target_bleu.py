@@ -1,12 +1,15 @@
 """Greedy BLEU (sacrebleu, 13a) of a target on Multi30k val / test 2016 or newstest2014.
 
 Usage (from the repository root, data in ../shared/data):
-  python benchmarks/target_bleu.py specjax/assets/default_pair/target test   # or val, news
+  python benchmarks/target_bleu.py specjax/assets/small_pair/target test   # or val, news
   python benchmarks/target_bleu.py runs/target2/snapshots/step_2400.msgpack val  # a training snapshot
   python benchmarks/target_bleu.py runs/target2/snapshots/step_{2000,2200,2400}.msgpack val  # several, one process
 
 Inputs are sorted by length and decoded with temperature_sample in batches of 128
 (max_decode_length 64, 128 for news). Prints the sacrebleu line and the seconds taken.
+
+Cited by docs/training.md and docs/models.md (the targets' BLEU). Output, as committed:
+``python benchmarks/target_bleu.py MODEL... val|test >> benchmarks/results/training/YYYY-MM-DD_target_bleu.txt``.
 """
 
 import sys

@@ -9,6 +9,9 @@ RUN_DIR/config.json). The 1,014 validation pairs are tokenized and batched as ``
 every checkpoint: 16,037 target tokens with the 8k vocabulary), and the cross-entropy is
 ``train.cross_entropy_loss`` of the model's logits, the training loss without label smoothing or dropout. A
 smoother signal than greedy BLEU for comparing snapshots of one recipe with another.
+
+Cited by docs/training.md (the small target's validation cross-entropy). Output, as committed:
+``python benchmarks/target_val_ce.py MODEL... > benchmarks/results/training/YYYY-MM-DD_target_val_ce.txt``.
 """
 
 import pathlib

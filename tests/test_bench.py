@@ -9,7 +9,6 @@
   weights: greedy tokens equal, token for token.
 - The profile reader on a jitted loop of known trip count and named scopes: iterations and per-scope time.
 - CTranslate2 (converted with its own converter) against specjax on a tiny random target: greedy tokens equal.
-- benchmarks/goals.py reads a bench results.json.
 - Drafting variants through ``specjax bench`` on the shipped mini pair (3 inputs, 6 tokens, T 0): token and
   block verification with a confidence threshold, prompt lookup (greedy outputs equal temperature_sample's),
   the variant columns, experiment-file keys, and one-line errors for bad flag combinations.
@@ -201,21 +200,6 @@ def test_bench_csv_and_json(bench_run):
             assert len(rec["accepted_per_position"]) == rec["gamma"]
             # Position i+1 is tested only after position i was accepted.
             assert all(a >= b for a, b in zip(rec["accepted_per_position"], rec["accepted_per_position"][1:]))
-
-
-def test_goals_script_reads_results(bench_run):
-    import subprocess
-    import sys
-
-    out, _ = bench_run
-    run = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "goals.py"), str(out / "results.json")],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert "speculative / temperature_sample (T=0, batch 1, best γ)" in run.stdout
-    assert "(T=1, batch 1, best γ)" in run.stdout
 
 
 def test_bench_pngs(bench_run):
