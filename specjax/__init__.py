@@ -7,6 +7,7 @@ transformers, matplotlib) are imported only by the functions that need them.
 from specjax import parallel
 from specjax.checkpoints import CheckpointError, load_checkpoint, save_checkpoint
 from specjax.config import PRESETS, T5Config
+from specjax.decoder import Decoder
 from specjax.decoding import DecodeConfig, DecodeResult, PromptLookupDraft, speculative_sample, temperature_sample
 from specjax.defaults import load_default_pair
 from specjax.models.t5 import T5Model
@@ -24,6 +25,7 @@ __all__ = [
     "Tokenizer",
     "DecodeConfig",
     "DecodeResult",
+    "Decoder",
     "PromptLookupDraft",
     "speculative_sample",
     "temperature_sample",

@@ -1,0 +1,516 @@
+"""``Decoder``: speculative sampling that picks γ — or no draft at all — from measured costs and the running α.
+
+Legend for shapes (STYLE.md): ``b`` batch, ``s`` encoder length, ``T`` max_decode_length, ``g`` gamma.
+
+It lives above the decode loops, on the host (DESIGN.md, "Platforms and policy"): each call runs one of the
+unchanged programs — ``temperature_sample`` (γ = 0, the target alone) or ``speculative_sample`` at γ in
+1..8 — so every choice is exact (the output distribution is the target's for every γ; at temperature 0 the
+output equals the target's greedy decode token for token).
+
+The choice (Leviathan et al. 2023, section 3.1 and 3.4). For each candidate γ, the predicted tokens per second
+at this batch shape are ``b·n / seconds(γ)`` with
+
+    seconds(γ) = encode(γ) + (n / E(α, γ)) · iteration(γ) + overhead(γ),
+    E(α, γ) = (1 − α^(γ+1)) / (1 − α)                    (expected tokens per iteration, §3.1; E(α, 0) = 1),
+    iteration(0) = target step,   iteration(γ) = target window of γ + 1 tokens + γ · draft step,
+
+``n`` the running mean of a call's longest row (tokens), ``α`` the running acceptance rate, and the costs
+(seconds) measured once per machine and shape with the models' real decode functions jitted alone (with the
+XLA:CPU options the loop of that γ compiles with) and cached on disk (``specjax.hardware.CostCache``).
+``overhead(γ)`` is the median of the last calls' residuals (measured wall time minus this formula's time for
+the call, with its own α and longest row): what the jitted-alone costs miss (host dispatch, the loop's
+accept/commit work, the longest row's extra iterations in a batch). A program's first call compiles: its wall
+time is never used, so compile time is never charged to a choice (it still teaches α).
+
+α starts from a prior — the shipped pair's recorded α (``specjax.defaults.PAIR_ALPHA``), else 0.6 — and is
+updated after every finished call from its ``DecodeResult`` (the paper's α: Σ β / Σ verified positions), with
+greedy rows (temperature 0) and sampled rows kept apart: a call's α is their mix by row count.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import time
+from typing import Sequence
+
+import jax
+import numpy as np
+
+from specjax import hardware
+
+__all__ = ["CANDIDATES", "DEFAULT_ALPHA", "Costs", "Choice", "Decoder", "expected_tokens", "measure_costs"]
+
+CANDIDATES = tuple(range(9))
+"""The γ values ``gamma="auto"`` chooses from: 0 (the target alone) and 1..8 draft tokens per iteration."""
+DEFAULT_ALPHA = 0.6
+"""The α prior for a pair with no recorded α."""
+_PRIOR_WEIGHT = 40.0  # verified positions the prior counts for
+_DECAY = 0.9  # weight of earlier calls' evidence at each update (α, lengths)
+_RECENT = 8  # calls whose time residual a γ keeps
+
+
+def expected_tokens(alpha: float, gamma: int) -> float:
+    """E[tokens per iteration] = (1 − α^(γ+1)) / (1 − α) (Leviathan et al. 2023, eq. 1); γ + 1 at α = 1; 1 at γ 0."""
+    if gamma == 0:
+        return 1.0
+    a = min(max(float(alpha), 0.0), 1.0)
+    return float(gamma + 1) if a >= 1.0 else (1.0 - a ** (gamma + 1)) / (1.0 - a)
+
+
+@dataclasses.dataclass(frozen=True)
+class Costs:
+    """Measured seconds of the parts of one decode call at one batch shape, indexed by γ (0..len - 1).
+
+    Attributes:
+      step: float seconds per γ: ``step[0]`` the target's one-token step (the baseline's iteration), ``step[g]``
+        its (g + 1)-token verification window, each at batch ``b`` with the compile options of that γ's loop.
+      draft: seconds of one draft step (one token, batch ``b``) in γ's loop; ``draft[0] = 0``.
+      encode: seconds of the per-call encode (the target's, plus the draft's for γ >= 1).
+    """
+
+    step: tuple[float, ...]
+    draft: tuple[float, ...]
+    encode: tuple[float, ...]
+
+    def __post_init__(self):
+        if not (len(self.step) == len(self.draft) == len(self.encode)) or len(self.step) < 1:
+            raise ValueError(
+                f"Costs needs one entry per γ in each field, got {len(self.step)}, {len(self.draft)}, "
+                f"{len(self.encode)}."
+            )
+
+    @property
+    def max_gamma(self) -> int:
+        """The largest γ these costs cover."""
+        return len(self.step) - 1
+
+    def iteration(self, gamma: int) -> float:
+        """Seconds of one loop iteration at ``gamma``: the target step (γ 0) or window + γ draft steps."""
+        return self.step[gamma] + gamma * self.draft[gamma]
+
+    def to_json(self) -> dict:
+        """A JSON-able dict (``from_json`` reads it back)."""
+        return {"step": list(self.step), "draft": list(self.draft), "encode": list(self.encode)}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Costs":
+        """Reads ``to_json``'s dict. Raises ValueError/KeyError/TypeError on a malformed one."""
+        return cls(*(tuple(float(x) for x in d[k]) for k in ("step", "draft", "encode")))
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """What a ``Decoder`` call ran and why (``Decoder.last_choice``).
+
+    Attributes:
+      gamma: the γ run (0: the target alone).
+      predicted: {γ: predicted tokens/s} for every candidate (empty when γ was fixed or forced).
+      alpha: the α the prediction used.
+      reason: one line, e.g. "auto: γ 5 predicted 251 tok/s, 1.62x the target alone (α 0.77)".
+    """
+
+    gamma: int
+    predicted: dict
+    alpha: float
+    reason: str
+
+    def describe(self) -> str:
+        """The reason and the predicted tokens/s of each candidate on one line."""
+        table = " ".join(f"{g}:{v:.0f}" for g, v in sorted(self.predicted.items()))
+        return self.reason + (f"; predicted tok/s by γ {table}" if table else "")
+
+
+def _options(rows: int, params):
+    from specjax.decoding import xla_cpu
+
+    try:
+        return xla_cpu.cpu_compiler_options(rows, xla_cpu.weights_dtype(params))
+    except TypeError:  # a signature that also wants the devices: fall back to XLA's defaults
+        return None
+
+
+def _best_seconds(fn, args, repeats: int, donate_last=None):
+    """Least wall time (seconds) of ``fn(*args)`` over ``repeats`` compiled calls (one warm-up call first): the
+    least is the steadiest figure on a shared machine."""
+    out = fn(*args)
+    jax.block_until_ready(out)
+    times = []
+    for _ in range(repeats):
+        if donate_last is not None:
+            args = donate_last(args, out)
+        t0 = time.perf_counter()
+        out = fn(*args)
+        jax.block_until_ready(out)
+        times.append(time.perf_counter() - t0)
+    return float(np.min(times))
+
+
+WINDOWS_MEASURED = (2, 4, 6, 9)
+"""Verification window sizes (tokens, γ + 1) ``measure_costs`` times; the others are interpolated linearly."""
+
+
+def measure_costs(target, draft, tokens, max_decode_length: int, max_gamma: int = 8, repeats: int = 7) -> Costs:
+    """Times the target's step and windows, the draft's step and the encodes at this batch shape.
+
+    Each part is the model's real ``DecodingModel`` function jitted alone, with the XLA:CPU compile options the
+    loop of that γ uses (``decoding/xla_cpu.py``), on a cache of the loop's length (``T + max_gamma + 1``); the
+    least of ``repeats`` calls after a warm-up. The target's one-token step and its windows of
+    ``WINDOWS_MEASURED`` tokens are timed, other windows interpolated linearly in the window size; the draft step
+    once per distinct compile option set; the encodes once. Compile time is not measured. About 5-10 compiles:
+    20-60 s for the shipped small pair on a 2-core CPU.
+
+    Args:
+      target: a ``T5Model`` or ``(DecodingModel, params)``.
+      draft: the same for the draft, or a draft source without a model (``PromptLookupDraft``: its steps
+        cost 0 here).
+      tokens: int32[b, s] a batch of the call's shape (its real lengths set the encoder width used).
+      max_decode_length: ``T`` (tokens). max_gamma: the largest γ to cover. repeats: timed calls per part.
+    Returns:
+      ``Costs`` with ``max_gamma + 1`` entries per field (seconds).
+    """
+    import jax.numpy as jnp
+
+    from specjax.decoding.loop import as_draft_source
+    from specjax.decoding.model import as_decoding_model
+
+    t_fns, t_params = as_decoding_model(target, "target")
+    source, d_params = as_draft_source(draft)
+    d_fns = getattr(source, "model", None)
+    x = jnp.asarray(tokens, jnp.int32)
+    b = x.shape[0]
+    length = max_decode_length + max_gamma + 1
+    pos = jnp.ones((b,), jnp.int32)
+
+    def decode_seconds(fns, params, k: int, options) -> float:
+        enc = jax.jit(fns.encode)(params, x)
+        run = jax.jit(fns.decode, donate_argnums=(3,), compiler_options=options)
+        args = (params, enc, jnp.zeros((b, k), jnp.int32), fns.init_cache(b, length), pos)
+        return _best_seconds(run, args, repeats, donate_last=lambda a, out: (*a[:3], out[1], a[4]))
+
+    def encode_seconds(fns, params) -> float:
+        return _best_seconds(jax.jit(fns.encode), (params, x), repeats)
+
+    ks = sorted({k for k in WINDOWS_MEASURED if k <= max_gamma + 1} | {max_gamma + 1} - {1})
+    window = {k: decode_seconds(t_fns, t_params, k, _options(b * k, t_params)) for k in ks}
+    for i, k in enumerate(ks):  # a wider window is never cheaper: the noise of a shared machine is cut
+        window[k] = min(window[j] for j in ks[i:])
+    step = [decode_seconds(t_fns, t_params, 1, _options(b, t_params))]
+    for g in range(1, max_gamma + 1):
+        step.append(float(np.interp(g + 1, ks, [window[k] for k in ks])))
+    by_options: dict = {}  # compile options -> the draft step's seconds under them
+    drafts = [0.0]
+    for g in range(1, max_gamma + 1):
+        options = _options(b * (g + 1), t_params)
+        okey = tuple(sorted((options or {}).items()))
+        if okey not in by_options:
+            by_options[okey] = decode_seconds(d_fns, d_params, 1, options) if d_fns is not None else 0.0
+        drafts.append(by_options[okey])
+    e_t = encode_seconds(t_fns, t_params)
+    e_d = encode_seconds(d_fns, d_params) if d_fns is not None else 0.0
+    encodes = [e_t] + [e_t + e_d] * max_gamma
+    return Costs(tuple(step), tuple(drafts), tuple(encodes))
+
+
+def _model_digest(model) -> str:
+    """A digest of what a model's costs depend on: its ``DecodingModel`` (config, kv dtype), parameter
+    dtypes and shapes (not values)."""
+    from specjax.decoding.loop import as_draft_source
+
+    fns, params = as_draft_source(model)
+    if params is None:
+        return f"source:{fns!r}"
+    leaves = jax.tree_util.tree_leaves(params)
+    shapes = sorted(f"{getattr(x, 'dtype', '?')}{tuple(getattr(x, 'shape', ()))}" for x in leaves)
+    return hashlib.sha256((repr(fns) + "|".join(shapes)).encode()).hexdigest()[:16]
+
+
+def fingerprint(model) -> str | None:
+    """A 16-hex-digit digest of a model's weights that is cheap and dtype-independent: every parameter's path and
+    shape and its first 8 values as float32 (exact for bfloat16 files loaded in either dtype). None for a draft
+    source without weights."""
+    params = getattr(model, "params", None)
+    if params is None and isinstance(model, tuple) and len(model) == 2:
+        params = model[1]
+    if params is None:
+        return None
+    h = hashlib.sha256()
+    for path, x in sorted(jax.tree_util.tree_leaves_with_path(params), key=lambda kv: jax.tree_util.keystr(kv[0])):
+        if isinstance(x, jax.core.Tracer):
+            return None
+        h.update(jax.tree_util.keystr(path).encode())
+        h.update(str(tuple(x.shape)).encode())
+        h.update(np.asarray(np.asarray(x).reshape(-1)[:8], np.float32).tobytes())
+    return h.hexdigest()[:16]
+
+
+# (target fingerprint, draft fingerprint) of the shipped pairs -> (size, draft name) in specjax.defaults.PAIR_ALPHA.
+_SHIPPED = {
+    ("60227d938666886f", "98f55142e9b66f70"): ("mini", "distilled"),
+    ("60227d938666886f", "10a44766e3a13d4a"): ("mini", "reference"),
+    ("391c05fcc4da2c71", "afef4ffa901bd564"): ("small", "distilled"),
+    ("391c05fcc4da2c71", "8e7ab96a006763bf"): ("small", "reference"),
+}
+
+
+def recorded_alpha(target, draft) -> tuple[float, float] | None:
+    """The shipped pair's recorded (temperature 0, temperature 1) α (``specjax.defaults.PAIR_ALPHA``) when
+    ``target`` and ``draft`` are a shipped pair's weights (``fingerprint``), else None."""
+    from specjax import defaults
+
+    name = _SHIPPED.get((fingerprint(target), fingerprint(draft)))
+    return getattr(defaults, "PAIR_ALPHA", {}).get(name) if name else None
+
+
+class _Running:
+    """A decayed running ratio ``num / den`` starting from ``prior`` with weight ``weight``."""
+
+    def __init__(self, prior: float, weight: float):
+        self.num, self.den = prior * weight, weight
+
+    def add(self, num: float, den: float) -> None:
+        self.num, self.den = self.num * _DECAY + num, self.den * _DECAY + den
+
+    @property
+    def value(self) -> float:
+        return self.num / self.den
+
+
+class Decoder:
+    """Speculative sampling with γ chosen per call (``gamma="auto"``) or fixed, keeping what it learns.
+
+    ``Decoder(target, draft, gamma="auto", max_decode_length=64)(tokens, temperature=0.0)`` decodes like
+    ``specjax.speculative_sample`` (or ``temperature_sample`` when γ is 0) and returns its ``DecodeResult``.
+    With ``gamma="auto"`` each call predicts tokens/s for every γ in ``candidates`` from measured costs and the
+    running α (this module's docstring) and runs the best; ``last_choice`` says what ran and why. The choice
+    never changes what is sampled, only how fast: every γ's output has the target's distribution, and greedy
+    rows equal the target alone token for token.
+
+    Args:
+      target: a ``T5Model`` or ``(DecodingModel, params)``.
+      draft: a draft model (the target's vocabulary), a draft source (``PromptLookupDraft``), or None (the
+        target alone; only ``gamma=0`` or "auto", which then always picks 0).
+      gamma: "auto", or an int >= 0 (0: the target alone, ``temperature_sample``).
+      max_decode_length: ``T``, the most output tokens per row.
+      eos_id, max_input_length, truncate, verification, draft_confidence_threshold: as ``speculative_sample``.
+      candidates: the γ values "auto" picks from (default 0..8).
+      alpha_prior: the α to start from: a float or (greedy, sampled); None: the shipped pair's recorded α
+        (``recorded_alpha``), else ``DEFAULT_ALPHA``.
+      cost_cache: a ``specjax.hardware.CostCache``, None (the default file, ``$SPECJAX_CACHE_DIR``), or False
+        (measure in memory only).
+      costs: {batch size: ``Costs``} to use instead of measuring (tests, or costs measured elsewhere).
+    Raises:
+      ValueError: a gamma that is not "auto" or an int >= 0; a draft of None with gamma >= 1; candidates
+        outside 0..8 or empty; alpha_prior outside [0, 1].
+    """
+
+    def __init__(
+        self,
+        target,
+        draft,
+        *,
+        gamma: int | str = "auto",
+        max_decode_length: int,
+        eos_id: int = 1,
+        max_input_length: int = 512,
+        truncate: bool = False,
+        verification: str = "token",
+        draft_confidence_threshold: float | None = None,
+        candidates: Sequence[int] = CANDIDATES,
+        alpha_prior: float | tuple[float, float] | None = None,
+        cost_cache: hardware.CostCache | None | bool = None,
+        costs: dict | None = None,
+    ):
+        if not (gamma == "auto" or (isinstance(gamma, int) and not isinstance(gamma, bool) and gamma >= 0)):
+            raise ValueError(f"gamma must be 'auto' or an int >= 0 (0: the target alone), got {gamma!r}.")
+        if draft is None and gamma not in ("auto", 0):
+            raise ValueError(f"gamma={gamma} needs a draft; pass draft= or use gamma=0 (the target alone).")
+        candidates = tuple(sorted({int(g) for g in candidates})) if draft is not None else (0,)
+        if not candidates or min(candidates) < 0 or max(candidates) > max(CANDIDATES):
+            raise ValueError(f"candidates must be γ values in 0..{max(CANDIDATES)}, got {candidates!r}.")
+        if alpha_prior is None:
+            alpha_prior = (recorded_alpha(target, draft) if draft is not None else None) or DEFAULT_ALPHA
+        prior = (alpha_prior, alpha_prior) if isinstance(alpha_prior, (int, float)) else tuple(alpha_prior)
+        if len(prior) != 2 or not all(0.0 <= float(a) <= 1.0 for a in prior):
+            raise ValueError(f"alpha_prior must be in [0, 1] (or a (greedy, sampled) pair), got {alpha_prior!r}.")
+        self.target, self.draft, self.gamma = target, draft, gamma
+        self.max_decode_length = max_decode_length
+        self.settings = dict(eos_id=eos_id, max_input_length=max_input_length, truncate=truncate)
+        self.spec_settings = dict(verification=verification, draft_confidence_threshold=draft_confidence_threshold)
+        self.candidates = candidates
+        self.alpha_prior = (float(prior[0]), float(prior[1]))
+        self._alpha = {"greedy": _Running(prior[0], _PRIOR_WEIGHT), "sampled": _Running(prior[1], _PRIOR_WEIGHT)}
+        self.cost_cache = hardware.CostCache() if cost_cache is None else (cost_cache or None)
+        self.costs: dict = dict(costs or {})
+        self._residuals: dict = {}  # (b, γ) -> the last calls' wall seconds minus the measured parts' seconds
+        self._longest: dict = {}  # b -> _Running of the longest row (tokens)
+        self._compiled: set = set()  # program keys that have run once (compiled)
+        self.last_choice: Choice | None = None
+        self.history: list = []  # (γ, seconds, tokens, α of the call) per call
+
+    # --- what the decoder knows -----------------------------------------------------------------------------
+    def alpha(self, greedy_fraction: float) -> float:
+        """The running α for a call whose rows are ``greedy_fraction`` greedy (temperature 0), the rest sampled."""
+        return greedy_fraction * self._alpha["greedy"].value + (1 - greedy_fraction) * self._alpha["sampled"].value
+
+    def _cost_key(self, tokens: np.ndarray) -> str:
+        b, s = tokens.shape
+        return hardware.CostCache.key(
+            kind="decode-costs-v1",
+            target=_model_digest(self.target),
+            draft=_model_digest(self.draft) if self.draft is not None else None,
+            batch=b,
+            width=s,
+            max_decode_length=self.max_decode_length,
+            max_gamma=max(self.candidates),
+        )
+
+    def costs_for(self, tokens) -> Costs:
+        """The ``Costs`` at this batch shape: given at construction, cached on disk, else measured now (once)."""
+        tokens = np.asarray(tokens)
+        b = tokens.shape[0]
+        if b in self.costs:
+            return self.costs[b]
+        key = self._cost_key(tokens)
+        stored = self.cost_cache.get(key) if self.cost_cache is not None else None
+        costs = None
+        if stored is not None:
+            try:
+                costs = Costs.from_json(stored)
+            except (KeyError, TypeError, ValueError):
+                costs = None
+        if costs is None or costs.max_gamma < max(self.candidates):
+            costs = measure_costs(
+                self.target,
+                self.draft if self.draft is not None else self.target,
+                tokens,
+                self.max_decode_length,
+                max(self.candidates),
+            )
+            if self.cost_cache is not None:
+                self.cost_cache.put(key, costs.to_json())
+        self.costs[b] = costs
+        return costs
+
+    def predict(self, costs: Costs, alpha: float, batch: int) -> dict:
+        """{γ: predicted tokens/s} for every candidate at this batch size (see the module docstring)."""
+        n = self._longest[batch].value if batch in self._longest else self.max_decode_length / 2
+        out = {}
+        for g in self.candidates:
+            if g > costs.max_gamma:
+                continue
+            seconds = costs.encode[g] + n / expected_tokens(alpha, g) * costs.iteration(g)
+            out[g] = batch * n / max(seconds + self.overhead(batch, g), 1e-9)
+        return out
+
+    def overhead(self, batch: int, gamma: int) -> float:
+        """Seconds a call at ``gamma`` took beyond its measured parts (host dispatch, the loop's accept/commit
+        work, a batch's longest row running extra iterations): the median of its last calls' residuals; for a γ
+        not run yet, the median over the other speculative γ (or over every γ run), else 0."""
+        own = self._residuals.get((batch, gamma))
+        if own:
+            return float(np.median(own))
+        same = [r for (b, g), rs in self._residuals.items() if b == batch and (g > 0) == (gamma > 0) for r in rs]
+        every = [r for (b, _), rs in self._residuals.items() if b == batch for r in rs]
+        return float(np.median(same or every)) if (same or every) else 0.0
+
+    def choose(self, tokens, temperature) -> Choice:
+        """The ``Choice`` for a call on ``tokens`` int[b, s] at ``temperature`` (float or float[b]); measures the
+        costs of a new shape first. Fixed γ: no prediction."""
+        tokens = np.asarray(tokens)
+        b = tokens.shape[0]
+        greedy = float(np.mean(np.broadcast_to(np.asarray(temperature, np.float64), (b,)) <= 0))
+        alpha = self.alpha(greedy)
+        if self.gamma != "auto":
+            return Choice(int(self.gamma), {}, alpha, f"fixed γ {self.gamma}")
+        if self.candidates == (0,):
+            return Choice(0, {}, alpha, "auto: no draft, the target alone")
+        predicted = self.predict(self.costs_for(tokens), alpha, b)
+        best = max(predicted, key=predicted.get)
+        base = predicted.get(0)
+        vs = f", {predicted[best] / base:.2f}x the target alone" if base else ""
+        what = "the target alone" if best == 0 else f"γ {best}"
+        return Choice(best, predicted, alpha, f"auto: {what} predicted {predicted[best]:.0f} tok/s{vs} (α {alpha:.3f})")
+
+    # --- a call ---------------------------------------------------------------------------------------------
+    def __call__(self, encoder_input_tokens, *, rng=None, temperature=1.0, top_k=0, top_p=1.0, gamma=None):
+        """Decodes ``encoder_input_tokens`` int[b, s] (right-padded with ``pad_id``) and learns from the call.
+
+        Args:
+          rng, temperature, top_k, top_p: as ``speculative_sample`` (concrete values: the decoder is host code).
+          gamma: None (the decoder's choice), or an int in 0..8 forcing this call's γ (it still learns from it).
+        Returns:
+          ``DecodeResult`` of the program run (``last_choice`` says which).
+        Raises:
+          ValueError: everything ``speculative_sample`` / ``temperature_sample`` refuse; a forced gamma that
+            is not an int >= 0, or >= 1 without a draft.
+        """
+        from specjax.bench.timing import finish
+        from specjax.decoding import speculative_sample, temperature_sample
+
+        tokens = np.asarray(encoder_input_tokens)
+        if tokens.ndim != 2 or tokens.shape[0] < 1:
+            raise ValueError(f"encoder_input_tokens must be int[b, s] with b >= 1, got shape {tokens.shape}.")
+        if gamma is not None:
+            if isinstance(gamma, bool) or not isinstance(gamma, (int, np.integer)) or gamma < 0:
+                raise ValueError(f"gamma must be None or an int >= 0 (0: the target alone), got {gamma!r}.")
+            if gamma > 0 and self.draft is None:
+                raise ValueError(f"gamma={gamma} needs a draft; this Decoder has none (use gamma=0).")
+            b = tokens.shape[0]
+            greedy = float(np.mean(np.broadcast_to(np.asarray(temperature, np.float64), (b,)) <= 0))
+            choice = Choice(int(gamma), {}, self.alpha(greedy), f"forced γ {int(gamma)}")
+        else:
+            choice = self.choose(tokens, temperature)
+        g = choice.gamma
+        sampling = dict(rng=rng, temperature=temperature, top_k=top_k, top_p=top_p)
+        t0 = time.perf_counter()
+        if g == 0:
+            result = temperature_sample(
+                self.target, tokens, max_decode_length=self.max_decode_length, **sampling, **self.settings
+            )
+        else:
+            result = speculative_sample(
+                self.target,
+                self.draft,
+                tokens,
+                gamma=g,
+                max_decode_length=self.max_decode_length,
+                **sampling,
+                **self.settings,
+                **self.spec_settings,
+            )
+        finish(result)
+        seconds = time.perf_counter() - t0
+        self.last_choice = choice
+        self._learn(tokens, temperature, g, jax.device_get(result), seconds)
+        return result
+
+    def _learn(self, tokens: np.ndarray, temperature, gamma: int, result, seconds: float) -> None:
+        """Updates α (per greedy / sampled rows), the longest-row estimate and, for a program that had already
+        compiled, the time residual of ``gamma``."""
+        b = tokens.shape[0]
+        temps = np.broadcast_to(np.asarray(temperature, np.float64), (b,))
+        beta, verified = np.asarray(result.beta_sum, np.float64), np.asarray(result.num_verified, np.float64)
+        for name, rows in (("greedy", temps <= 0), ("sampled", temps > 0)):
+            if rows.any() and verified[rows].sum() > 0:
+                self._alpha[name].add(float(beta[rows].sum()), float(verified[rows].sum()))
+        longest = float(np.max(result.lengths))
+        if b not in self._longest:
+            self._longest[b] = _Running(longest, 1.0)
+        else:
+            self._longest[b].add(longest, 1.0)
+        call_alpha = float(beta.sum() / verified.sum()) if verified.sum() > 0 else float("nan")
+        self.history.append((gamma, seconds, int(np.sum(result.lengths)), call_alpha))
+        program = (gamma, tokens.shape, tuple(sorted(self.settings.items())), tuple(self.spec_settings.items()))
+        if program not in self._compiled:  # the first call compiled: its time teaches nothing
+            self._compiled.add(program)
+            return
+        costs = self.costs.get(b)
+        if costs is None or gamma > costs.max_gamma:
+            return
+        a = call_alpha if not math.isnan(call_alpha) else self.alpha(float(np.mean(temps <= 0)))
+        model_seconds = costs.encode[gamma] + longest / expected_tokens(a, gamma) * costs.iteration(gamma)
+        recent = self._residuals.setdefault((b, gamma), [])
+        recent.append(seconds - model_seconds)
+        del recent[:-_RECENT]
