@@ -65,7 +65,7 @@ def main():
     p.add_argument("out_dir", type=pathlib.Path)
     p.add_argument("inputs", nargs="+", type=pathlib.Path, help="snapshots, or one RUN_DIR with --last")
     p.add_argument("--last", type=int, help="average the run's LAST newest snapshots (inputs: RUN_DIR)")
-    p.add_argument("--vocab", type=pathlib.Path, default=pathlib.Path("specjax/assets/default_pair/spiece.model"))
+    p.add_argument("--vocab", type=pathlib.Path, default=pathlib.Path("specjax/assets/small_pair/spiece.model"))
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     a = p.parse_args()
     if a.last is not None:

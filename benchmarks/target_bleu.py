@@ -28,7 +28,7 @@ from specjax.tokenizer import Tokenizer
 
 args = sys.argv[1:]
 split = args.pop() if args and args[-1] in ("val", "test", "news") else "val"
-tok = Tokenizer("specjax/assets/default_pair/spiece.model", extra_ids=0)
+tok = Tokenizer("specjax/assets/small_pair/spiece.model", extra_ids=0)
 files = {"val": ("multi30k/val", 64), "test": ("multi30k/test_2016_flickr", 64), "news": ("../wmt/newstest2014", 128)}
 base, T = files[split]
 s = open(f"../shared/data/train/{base}.en").read().splitlines()

@@ -26,7 +26,7 @@ from specjax.tokenizer import Tokenizer
 
 
 def main(paths):
-    tok = Tokenizer("specjax/assets/default_pair/spiece.model", extra_ids=0)
+    tok = Tokenizer("specjax/assets/small_pair/spiece.model", extra_ids=0)
     data = pathlib.Path("../shared/data/train/multi30k")
     src, tgt = tr.tokenize_pairs(
         tok, (data / "val.en").read_text().splitlines(), (data / "val.de").read_text().splitlines()

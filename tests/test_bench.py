@@ -312,7 +312,7 @@ def test_experiment_files_parse():
     ende_small_t0 = [r for r in rows if (r.task, r.draft, r.temperature) == ("EnDe", "T5-small", 0.0)][0]
     assert (ende_small_t0.gammas, ende_small_t0.paper_alpha, ende_small_t0.paper_speedup) == ((7,), 0.75, 3.4)
     assert all(r.target_path.startswith("gs://t5-data/pretrained_models/t5x/t5_1_1_") for r in rows)
-    _, rows = bench.load_experiment(str(REPO / "configs" / "default_pair_cpu.json"))
+    _, rows = bench.load_experiment(str(REPO / "configs" / "mini_pair_cpu.json"))
     assert {r.task for r in rows} == {"multi30k", "newstest2014", "cnndm"}
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from specjax import bench
 from specjax.decoding import speculative_sample, temperature_sample
-from specjax.defaults import DEFAULT_PAIR, load_default_pair
+from specjax.defaults import PAIRS, load_default_pair
 
 
 def per_token_decode_macs(config) -> int:
@@ -33,7 +33,7 @@ def test_shipped_files_and_sizes(pair):
     assert draft.config.vocab_size == target.config.vocab_size == tokenizer.vocab_size == 8000
     # Draft: at most 1/10 of the target's per-token decode cost (multiply-adds).
     assert per_token_decode_macs(draft.config) <= per_token_decode_macs(target.config) / 10
-    total = sum(p.stat().st_size for p in DEFAULT_PAIR.rglob("*") if p.is_file())
+    total = sum(p.stat().st_size for p in PAIRS["mini"].rglob("*") if p.is_file())
     assert total <= 60_000_000, f"shipped pair is {total / 1e6:.1f} MB"
 
 
@@ -158,17 +158,16 @@ def test_alpha_agrees_with_the_accepted_tokens_per_call_at_gamma_one(temperature
 
 def test_sizes_and_the_default_size():
     """``load_default_pair(size=...)``: "mini" is the 13.5M/1.45M pair; "small" is the 46.0M target with a 4.28M
-    distilled draft (2 decoder layers, eighteenth session) and a 4.94M reference draft (4), shipped in bfloat16,
-    the CLI's default since it meets every goal of issue 12 (twenty-fourth session)."""
+    distilled draft (2 decoder layers) and a 4.94M reference draft (4), shipped in bfloat16, the CLI's default."""
     from specjax import defaults
 
     target, draft, _ = load_default_pair(size="mini")
     assert (round(target.num_params / 1e6, 1), round(draft.num_params / 1e6, 2)) == (13.5, 1.45)
     with pytest.raises(ValueError, match="size must be one of"):
         load_default_pair(size="large")
-    # The small pair ships in this version (issue 12); a checkout without it is a broken install. It is the
-    # default of the commands, and of load_default_pair without size=.
-    assert defaults._shipped("small"), "specjax/assets/small_pair is incomplete"
+    # The small pair ships; a checkout without it is a broken install. It is the default of the commands, and of
+    # load_default_pair without size=.
+    assert defaults._complete(defaults.pair_dir("small")), "specjax/assets/small_pair is incomplete"
     assert defaults.default_size() == "small"
     target, draft, _ = load_default_pair(size="small")
     assert (round(target.num_params / 1e6, 1), round(draft.num_params / 1e6, 2)) == (46.0, 4.28)
@@ -177,7 +176,7 @@ def test_sizes_and_the_default_size():
     _, reference, _ = load_default_pair("reference", size="small")
     assert round(reference.num_params / 1e6, 2) == 4.94
     assert per_token_decode_macs(target.config) >= 10 * per_token_decode_macs(reference.config)
-    # Shipped in bfloat16 (issue 12): the target's float32 decoder is beyond a 32 MB L3 cache, its files are not.
+    # Shipped in bfloat16: the target's float32 decoder is beyond a 32 MB L3 cache, its files are not.
     from safetensors import safe_open
 
     with safe_open(str(defaults.PAIRS["small"] / "target" / "model.safetensors"), "np") as f:

@@ -132,12 +132,12 @@ def test_checkpoint_folder_vocabulary_is_used_before_t5s(tmp_path, capsys):
     import shutil
 
     import specjax
-    from specjax.defaults import DEFAULT_PAIR
+    from specjax.defaults import PAIRS
 
     target, _, tok = specjax.load_default_pair(size="mini")
     root = tmp_path / "pair"
     for name in ("target", "draft_distilled"):
-        shutil.copytree(DEFAULT_PAIR / name, root / name)
+        shutil.copytree(PAIRS["mini"] / name, root / name)
     assert (root / "target" / "spiece.model").is_file()
     loaded = specjax.load_checkpoint(root / "target")
     assert loaded.config.dtype == target.config.dtype == "float32"

@@ -60,25 +60,25 @@ TEXTS = [
 ]
 
 
-@pytest.mark.parametrize("which", ["t5", "default_pair", "t5_forward_extra_ids"])
+@pytest.mark.parametrize("which", ["t5", "mini_pair", "t5_forward_extra_ids"])
 def test_tokenizer_from_seqio_matches_seqio(which, spiece_model):
     seqio = _seqio()
     from specjax import Tokenizer
-    from specjax.defaults import DEFAULT_PAIR
+    from specjax.defaults import PAIRS
     from specjax.tokenizer import as_tokenizer
 
-    if which == "default_pair":
-        vocab = seqio.SentencePieceVocabulary(str(DEFAULT_PAIR / "spiece.model"), extra_ids=0)
+    if which == "mini_pair":
+        vocab = seqio.SentencePieceVocabulary(str(PAIRS["mini"] / "spiece.model"), extra_ids=0)
     else:
         vocab = seqio.SentencePieceVocabulary(str(spiece_model), extra_ids=100, reverse_extra_ids=(which == "t5"))
     tok = Tokenizer.from_seqio(vocab)
     assert as_tokenizer(vocab).same_vocabulary(tok)
-    assert tok.vocab_size == vocab.vocab_size == (8000 if which == "default_pair" else 32100)
+    assert tok.vocab_size == vocab.vocab_size == (8000 if which == "mini_pair" else 32100)
     assert (tok.pad_id, tok.eos_id, tok.unk_id) == (vocab.pad_id, vocab.eos_id, vocab.unk_id)
     for text in TEXTS:
         assert tok.encode(text) == list(vocab.encode(text)) + [vocab.eos_id], text
         assert tok.encode(text, add_eos=False) == list(vocab.encode(text))
-    if which != "default_pair":
+    if which != "mini_pair":
         first = vocab.encode("<extra_id_0>")
         assert first == [32099 if which == "t5" else 32000]
         assert tok.encode("<extra_id_0>", add_eos=False) == first
@@ -136,7 +136,7 @@ register({t5_task!r}, {t5_spiece!r}, 100)
 @pytest.fixture(scope="module")
 def tasks_module(tmp_path_factory, data_dir):
     _seqio()
-    from specjax.defaults import DEFAULT_PAIR
+    from specjax.defaults import PAIRS
     from specjax.seqio_interop import import_task_module
 
     en = data_dir / "train" / "multi30k" / "test_2016_flickr.en"
@@ -148,7 +148,7 @@ def tasks_module(tmp_path_factory, data_dir):
             n=N_LINES,
             task=TASK,
             t5_task=T5_TASK,
-            pair_spiece=str(DEFAULT_PAIR / "spiece.model"),
+            pair_spiece=str(PAIRS["mini"] / "spiece.model"),
             t5_spiece=str(data_dir / "tokenizer" / "t5" / "spiece.model"),
         )
     )

@@ -45,7 +45,7 @@ def add_parser(sub) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     src = p.add_argument_group("what to run")
-    src.add_argument("--config", help="experiment file (e.g. configs/paper_table2.json, configs/default_pair_cpu.json)")
+    src.add_argument("--config", help="experiment file (e.g. configs/paper_table2.json, configs/mini_pair_cpu.json)")
     src.add_argument("--task", action="append", help="only rows of this task (repeatable)")
     src.add_argument("--draft-name", action="append", help="only rows with this draft name (repeatable)")
     src.add_argument(
@@ -336,9 +336,9 @@ class _Loader:
             if path in ("default", ""):
                 if path == "":
                     raise ValueError("A tokenizer is needed: pass --tokenizer SPIECE_MODEL.")
-                from specjax.defaults import DEFAULT_PAIR
+                from specjax.defaults import PAIRS
 
-                self.tokenizers[path] = Tokenizer(str(DEFAULT_PAIR / "spiece.model"), extra_ids=0)
+                self.tokenizers[path] = Tokenizer(str(PAIRS["mini"] / "spiece.model"), extra_ids=0)
             elif path.startswith("gs://"):
                 self.tokenizers[path] = Tokenizer(_fetch_gcs(path))
             else:
