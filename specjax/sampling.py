@@ -142,9 +142,10 @@ def argmax(x: jax.Array) -> jax.Array:
 
     The same result as ``jnp.argmax(x, axis=-1)`` (NaN counts as the largest, its first occurrence wins), computed
     as a max, a compare and a min over an iota: plain reductions that XLA:CPU vectorises, where ``jnp.argmax``
-    is a variadic (value, index) reduction that it runs element by element. Measured on this project's CPU
-    (8k vocabulary, inside a compiled loop): 37 -> 11 us per row (``benchmarks/results/loop_overhead.md``);
-    the decode loops take one per draft step and one per verified window at temperature 0.
+    is a variadic (value, index) reduction that it runs element by element. Measured on a 2-core AMD EPYC (8k
+    vocabulary, inside a compiled loop): 37 -> 11 us per row
+    (``benchmarks/results/loop_overhead/2026-12-03_loop_overhead.md``); the decode loops take one per draft step
+    and one per verified window at temperature 0.
     """
     x = jnp.asarray(x)
     top = jnp.max(x, axis=-1, keepdims=True)

@@ -77,7 +77,7 @@ class TrainConfig:
         t5x trains T5 with Adafactor and initialises for it: the embedding at RMS 1, the kernels at
         fan-in scale and the attention queries at RMS (d_model · head_dim)^-1/2, so under Adafactor every
         tensor moves at about the same rate relative to its size, while AdamW's absolute steps moved the queries
-        6× and the embedding 0.04× as far as Adafactor does (TRAINING.md, twenty-first session).
+        6× and the embedding 0.04× as far as Adafactor does (docs/training.md, "What did not work").
       seed: initialisation and data-order seed.
       save_every: steps between resumable checkpoints.
       snapshot_every: keep the params every this many steps as ``snapshots/step_<N>.msgpack`` (flax
@@ -99,15 +99,15 @@ class TrainConfig:
         None: the model config's ``dtype``). Parameters, gradients' accumulation into them and the optimizer
         state stay in the config's ``param_dtype``, and the saved model config is unchanged, as in t5x's
         bfloat16-activation training. bfloat16 measured 0.84x the float32 step time for the small target
-        on this 2-core CPU (benchmarks/small_pair_probe.py).
+        on a 2-core AMD EPYC CPU (Zen 4).
       embedding_lr_multiplier: the shared token embedding's learning rate (and so its decoupled weight decay)
         is ``learning_rate`` times this; every other parameter's is ``learning_rate``. t5x initialises the
         embedding at unit scale (RMS 1) and its kernels at fan-in scale (RMS d^-1/2, 0.044 at d 512), and
         trains T5 with Adafactor, whose updates are proportional to each parameter's RMS (Shazeer & Stern
         2018, §8 "relative step size"), so the embedding moves as fast relative to its size as the kernels do.
         Adam's updates are not: with 1 (the default, plain AdamW) the small target's embedding moved 1.3 %
-        from its initialisation in 1,300 steps against 20-35 % for the kernels (TRAINING.md, twentieth
-        session). ``d_model ** 0.5`` (22.6 at d 512) restores Adafactor's ratio for the embedding alone.
+        from its initialisation in 1,300 steps against 20-35 % for the kernels (docs/training.md).
+        ``d_model ** 0.5`` (22.6 at d 512) restores Adafactor's ratio for the embedding alone.
       cache_teacher: with "distill", compute the teacher's log-probabilities at every target position of
         every pair once (``teacher_log_probs``: float16 on disk in the run directory) instead of running the
         teacher's forward pass in every step. The teacher is deterministic (no dropout), so this is the same

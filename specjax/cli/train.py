@@ -205,7 +205,7 @@ def add_parser(sub) -> None:
 def _model_sizes():
     from specjax.config import T5Config
 
-    # The default pair (issue 4). Target: T5 1.1, 4+4 layers, d 256, 13.5M parameters with an 8k
+    # The mini pair. Target: T5 1.1, 4+4 layers, d 256, 13.5M parameters with an 8k
     # vocabulary. Draft: d 64, 4 encoder + 2 decoder layers: 0.66M per-token decode multiply-adds vs the
     # target's 6.77M (1/10.3; the 8k-way logits alone are 0.51M). The encoder runs once per input, so its
     # depth is not part of the per-token cost.
@@ -230,7 +230,7 @@ def _model_sizes():
             num_decoder_layers=2,
             name="specjax_draft_ende",
         ),
-        # The small pair (issue 12; specjax/assets/small_pair/TRAINING.md). Target: d 512, 8 x 64 heads,
+        # The small pair (docs/training.md). Target: d 512, 8 x 64 heads,
         # 6+6 layers, 46.0M parameters, 99.6 MiB of float32 decoder weights (beyond a 32 MB L3 cache),
         # 23.0M per-token decode multiply-adds. Draft: d 128, 4 x 32 heads, 6 encoder + 4 decoder layers,
         # 2.20M per-token multiply-adds (1/10.4 of the target; the 8k-way logits are 1.02M of them).
@@ -255,10 +255,10 @@ def _model_sizes():
             name="specjax_small_draft_ende",
         ),
     }
-    # The small pair's shipped distilled draft from the eighteenth session on: the same with 2 decoder
+    # The small pair's shipped distilled draft: the same with 2 decoder
     # layers (1.61M per-token multiply-adds, 1/14.2 of the target), its first and last layers kept
     # (benchmarks/select_layers.py) and distilled again; a draft step on a CPU is mostly per-op overhead,
-    # so the decoder's depth is what it costs (TRAINING.md, eighteenth session).
+    # so the decoder's depth is what it costs (docs/training.md).
     sizes["small-draft-shallow"] = sizes["small-draft"].replace(num_decoder_layers=2)
     return sizes
 

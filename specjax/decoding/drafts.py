@@ -12,7 +12,7 @@ so ``d[n-1]`` is in the cache iff ``n <= limit``. Its first step each iteration 
 ``d[n]`` at position ``n`` when every row has ``n <= limit``, else (some row accepted all) a 2-token window
 ``[d[n-1], d[n]]`` at positions ``n-1, n`` (rewriting ``d[n-1]`` where it was already there); a run-time
 ``lax.cond``. On this CPU a 2-row window of the small draft costs 1.4x a one-token step alone and ~2x beside
-the target (``benchmarks/loop_composition.py``), and at α ≈ 0.8 and γ 3-5 most iterations reject a draft.
+the target (measured on a 2-core AMD EPYC, Zen 4), and at α ≈ 0.8 and γ 3-5 most iterations reject a draft.
 Then ``g - 1`` one-token steps feed ``x_1..x_{g-1}``. Rolling back a rejected suffix is just the next
 iteration's smaller ``n``: stale slots are masked, then overwritten.
 
@@ -195,7 +195,8 @@ class ModelDraft:
             return tokens, probs, cache
 
         # Greedy or sampled is chosen once per iteration, not once per draft step: a conditional inside the
-        # scan body costs its dispatch γ times per iteration (measured: benchmarks/results/loop_overhead.md).
+        # scan body costs its dispatch γ times per iteration (measured:
+        # benchmarks/results/loop_overhead/2026-12-03_loop_overhead.md).
         tokens, probs, cache = jax.lax.cond(
             sampling.all_greedy(), lambda c: steps(_draw_greedy, c), lambda c: steps(_draw_sampled, c), cache
         )
