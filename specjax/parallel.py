@@ -53,6 +53,9 @@ __all__ = [
     "replicate_params",
     "data_parallel_sample",
     "model_parallel_sample",
+    "SampleProgram",
+    "data_parallel_program",
+    "model_parallel_program",
     "maybe_initialize_distributed",
     "decode_fn_from_flags",
     "ParallelRunner",
@@ -231,16 +234,21 @@ def _path_name(path) -> str:
     return "/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
 
 
-def param_shardings(config: t5.T5Config, mesh: Mesh, rules: Rules = STANDARD_RULES) -> Any:
+def param_shardings(config: t5.T5Config, mesh: Mesh, rules: Rules = STANDARD_RULES, *, stacked: bool = False) -> Any:
     """``NamedSharding`` per parameter of a T5 with ``config``, from its logical axes and ``rules``.
+
+    ``stacked``: for the stacked tree of scanned layers (``t5.stack_layers``; leading axis "layers", which
+    ``STANDARD_RULES`` replicate).
 
     Returns:
       a pytree of ``NamedSharding`` with the params' structure (t5x names).
     Raises:
       ValueError: see ``logical_to_mesh_spec`` (collisions, missing rules, indivisible dimensions).
     """
-    logical = t5.param_logical_axes(config)
+    logical = t5.stacked_param_logical_axes(config) if stacked else t5.param_logical_axes(config)
     shapes = t5.abstract_params(config)
+    if stacked:
+        shapes = t5.stack_layers(config, shapes)
     is_spec = lambda x: isinstance(x, P)  # noqa: E731
     flat, treedef = jax.tree_util.tree_flatten_with_path(logical, is_leaf=is_spec)
     flat_shapes = treedef.flatten_up_to(shapes)
@@ -255,7 +263,11 @@ def param_shardings(config: t5.T5Config, mesh: Mesh, rules: Rules = STANDARD_RUL
 
 
 def _put(x, sharding: NamedSharding) -> jax.Array:
-    """Places one array; across processes each host supplies its own devices' slices (same full value)."""
+    """Places one array; across processes each host supplies its own devices' slices (same full value). An
+    abstract array (``jax.ShapeDtypeStruct``, e.g. ``t5.abstract_params`` for an ahead-of-time compile) stays
+    abstract and gets ``sharding``."""
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
     if jax.process_count() == 1:
         return jax.device_put(x, sharding)
     if isinstance(x, jax.Array) and x.sharding == sharding:
@@ -304,7 +316,9 @@ _PER_LAYER = ("batch", "heads", "length", "kv")  # t5's per-layer caches and cro
 
 def _encoded_axes(encoded: t5.Encoded) -> t5.Encoded:
     """Logical axes of ``t5.Encoded`` (``t5.ENCODED_AXES`` per layer: mask [b, s]; cross keys [b, n, h, s],
-    values [b, n, s, h])."""
+    values [b, n, s, h]; stacked memory [l, ...] of scanned layers: ``t5.stacked_logical_axes``)."""
+    if not isinstance(encoded.cross_k, tuple):
+        return t5.stacked_logical_axes(encoded)
     return t5.Encoded(
         t5.ENCODED_AXES.mask,
         tuple(t5.ENCODED_AXES.cross_k for _ in encoded.cross_k),
@@ -313,7 +327,9 @@ def _encoded_axes(encoded: t5.Encoded) -> t5.Encoded:
 
 
 def _cache_axes(cache: t5.KVCache) -> t5.KVCache:
-    """Logical axes of ``t5.KVCache`` (per-layer k, v [b, n, L, h])."""
+    """Logical axes of ``t5.KVCache`` (per-layer k, v [b, n, L, h]; stacked [l, b, n, L, h]: with "layers")."""
+    if not isinstance(cache.k, tuple):
+        return t5.stacked_logical_axes(cache)
     return t5.KVCache(tuple(_PER_LAYER for _ in cache.k), tuple(_PER_LAYER for _ in cache.v))
 
 
@@ -439,11 +455,49 @@ def _to_host(x: jax.Array) -> np.ndarray:
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
-def _run(jitted, call: _Call, params, batch_sharding: NamedSharding, multiple: int):
-    b = call.tokens.shape[0]
-    put = lambda x: _put(_pad_rows(x, multiple), batch_sharding)  # noqa: E731
-    out = jitted(params, put(call.tokens), put(call.keys), {k: put(v) for k, v in call.per_row.items()})
-    return jax.tree_util.tree_map(lambda x: _to_host(x)[:b], out)
+class SampleProgram(NamedTuple):
+    """One sharded decode, ready to run or to compile: what ``data_parallel_sample`` / ``model_parallel_sample``
+    execute (``data_parallel_program`` / ``model_parallel_program`` build it; ``specjax.aot`` compiles it for a
+    TPU topology with abstract parameters).
+
+    Attributes:
+      jitted: the ``jax.jit`` program, called as ``jitted(params, tokens, keys, per_row)``.
+      params: one parameter pytree per model, placed with the program's shardings (``jax.Array``s), or
+        ``jax.ShapeDtypeStruct``s with those shardings when the models' parameters were abstract.
+      call: the sampler call split into static parts and per-row NumPy arrays (``b`` rows).
+      batch_sharding: the ``NamedSharding`` of every per-row argument (rows over "data").
+      multiple: rows are padded with copies of the last row to a multiple of this (the data-axis size).
+    """
+
+    jitted: Callable
+    params: tuple
+    call: _Call
+    batch_sharding: NamedSharding
+    multiple: int
+
+    def batch_arguments(self, abstract: bool = False) -> tuple:
+        """``(tokens int32[b', s], keys uint32[b', 2], per_row {name: [b']})`` padded to ``b'`` rows (a multiple of
+        ``multiple``), placed with ``batch_sharding``; ``abstract``: as ``jax.ShapeDtypeStruct``s instead."""
+
+        def put(x):
+            x = _pad_rows(x, self.multiple)
+            if abstract:
+                return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=self.batch_sharding)
+            return _put(x, self.batch_sharding)
+
+        call = self.call
+        return put(call.tokens), put(call.keys), {k: put(v) for k, v in call.per_row.items()}
+
+    def trace(self) -> jax.stages.Traced:
+        """The traced program for abstract per-row arguments of this call's shapes (``.lower().compile()``
+        compiles what ``run`` runs, without placing anything)."""
+        return self.jitted.trace(self.params, *self.batch_arguments(abstract=True))
+
+    def run(self) -> DecodeResult:
+        """Runs the program: ``DecodeResult`` of NumPy arrays for the ``b`` rows (padding rows dropped)."""
+        b = self.call.tokens.shape[0]
+        out = self.jitted(self.params, *self.batch_arguments())
+        return jax.tree_util.tree_map(lambda x: _to_host(x)[:b], out)
 
 
 def num_compiled_programs() -> int:
@@ -471,6 +525,21 @@ def _data_parallel_jit(fn, models, static, mesh: Mesh):
     return jitted
 
 
+def data_parallel_program(fn: Callable, *args, devices: Sequence[jax.Device] | None = None, **kwargs) -> SampleProgram:
+    """The program ``data_parallel_sample`` runs for these arguments (same arguments), not yet run.
+
+    Raises:
+      ValueError: any argument error of ``fn`` (before anything compiles).
+    """
+    call = _split_call(fn, args, kwargs)
+    devices = list(jax.devices() if devices is None else devices)
+    mesh = Mesh(np.asarray(devices), (DATA,))
+    replicated = NamedSharding(mesh, P())
+    params = jax.tree_util.tree_map(lambda x: _put(x, replicated), call.params)
+    jitted = _data_parallel_jit(fn, call.models, call.static, mesh)
+    return SampleProgram(jitted, params, call, NamedSharding(mesh, P(DATA)), len(devices))
+
+
 def data_parallel_sample(fn: Callable, *args, devices: Sequence[jax.Device] | None = None, **kwargs) -> DecodeResult:
     """Runs a sampler (``temperature_sample``, ``speculative_sample``) with its batch split over devices.
 
@@ -491,13 +560,7 @@ def data_parallel_sample(fn: Callable, *args, devices: Sequence[jax.Device] | No
     Raises:
       ValueError: any argument error of ``fn`` (before anything compiles).
     """
-    call = _split_call(fn, args, kwargs)
-    devices = list(jax.devices() if devices is None else devices)
-    mesh = Mesh(np.asarray(devices), (DATA,))
-    replicated = NamedSharding(mesh, P())
-    params = jax.tree_util.tree_map(lambda x: _put(x, replicated), call.params)
-    jitted = _data_parallel_jit(fn, call.models, call.static, mesh)
-    return _run(jitted, call, params, NamedSharding(mesh, P(DATA)), len(devices))
+    return data_parallel_program(fn, *args, devices=devices, **kwargs).run()
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -511,7 +574,7 @@ def _model_parallel_jit(fn, models, static, mesh: Mesh, all_rules: tuple):
     for fns, rules in zip(models, all_rules):
         if isinstance(fns, T5Decoding):
             wrapped.append(_MeshT5Decoding(fns, mesh, rules))
-            param_specs.append(param_shardings(fns.config, mesh, rules))
+            param_specs.append(param_shardings(fns.config, mesh, rules, stacked=fns.scan_layers))
         else:  # a hand-made DecodingModel or a draft source: params replicated, no activation constraints
             wrapped.append(fns)
             param_specs.append(NamedSharding(mesh, P()))
@@ -520,6 +583,35 @@ def _model_parallel_jit(fn, models, static, mesh: Mesh, all_rules: tuple):
     jitted = jax.jit(run, in_shardings=(tuple(param_specs), batch, batch, batch), out_shardings=batch)
     _JITTED.append(jitted)
     return jitted, tuple(param_specs)
+
+
+def model_parallel_program(
+    fn: Callable, *args, mesh: Mesh, rules: Rules = STANDARD_RULES, shard_draft: bool = False, **kwargs
+) -> SampleProgram:
+    """The program ``model_parallel_sample`` runs for these arguments (same arguments), not yet run.
+
+    Raises:
+      ValueError: as ``model_parallel_sample`` (before anything compiles).
+    """
+    if tuple(mesh.axis_names) != (DATA, MODEL):
+        raise ValueError(
+            f"model_parallel_sample needs a mesh with axes ('data', 'model'), got "
+            f"{mesh.axis_names}; build one with specjax.parallel.make_mesh('data:N,model:M')."
+        )
+    call = _split_call(fn, args, kwargs)
+    _check_rules(rules, mesh)
+    rules = tuple(tuple(r) for r in rules)
+    all_rules = (rules,) + ((rules if shard_draft else _drop_axis(rules, DATA)),) * (len(call.models) - 1)
+    jitted, specs = _model_parallel_jit(fn, call.models, call.static, mesh, all_rules)
+    params = tuple(
+        None
+        if p is None
+        else jax.tree_util.tree_map(lambda x, s=s: _put(x, s), p)
+        if isinstance(s, NamedSharding)
+        else jax.tree_util.tree_map(_put, p, s)
+        for p, s in zip(call.params, specs)
+    )
+    return SampleProgram(jitted, params, call, NamedSharding(mesh, P(DATA)), mesh.shape[DATA])
 
 
 def model_parallel_sample(
@@ -547,25 +639,7 @@ def model_parallel_sample(
       ValueError: a mesh without axes ("data", "model"); rules with collisions, unknown names or dimensions
         that do not divide by their mesh axis; any argument error of ``fn``.
     """
-    if tuple(mesh.axis_names) != (DATA, MODEL):
-        raise ValueError(
-            f"model_parallel_sample needs a mesh with axes ('data', 'model'), got "
-            f"{mesh.axis_names}; build one with specjax.parallel.make_mesh('data:N,model:M')."
-        )
-    call = _split_call(fn, args, kwargs)
-    _check_rules(rules, mesh)
-    rules = tuple(tuple(r) for r in rules)
-    all_rules = (rules,) + ((rules if shard_draft else _drop_axis(rules, DATA)),) * (len(call.models) - 1)
-    jitted, specs = _model_parallel_jit(fn, call.models, call.static, mesh, all_rules)
-    params = tuple(
-        None
-        if p is None
-        else jax.tree_util.tree_map(lambda x, s=s: _put(x, s), p)
-        if isinstance(s, NamedSharding)
-        else jax.tree_util.tree_map(_put, p, s)
-        for p, s in zip(call.params, specs)
-    )
-    return _run(jitted, call, params, NamedSharding(mesh, P(DATA)), mesh.shape[DATA])
+    return model_parallel_program(fn, *args, mesh=mesh, rules=rules, shard_draft=shard_draft, **kwargs).run()
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -36,7 +36,6 @@ __all__ = [
     "sample_rows",
     "acceptance_probability",
     "residual",
-    "accept_or_resample",
     "validate_sampling",
     "overlap",
     "argmax",
@@ -264,34 +263,6 @@ def overlap(p: jax.Array, q: jax.Array) -> jax.Array:
       float32 [...].
     """
     return jnp.clip(1.0 - 0.5 * jnp.sum(jnp.abs(p - q), axis=-1), 0.0, 1.0)
-
-
-def accept_or_resample(
-    key: jax.Array, draft_tokens: jax.Array, p: jax.Array, q: jax.Array, greedy: bool = False
-) -> tuple[jax.Array, jax.Array]:
-    """Token verification of one row (Leviathan et al. 2023, Algorithm 1): accepted count and next token.
-
-    A one-row view of ``specjax.decoding.verify.TokenVerifier`` (the rule the loop runs): ``x_i`` is
-    accepted while ``r_i < min(1, q_i(x_i) / p_i(x_i))``; at the first rejection the next token is drawn from
-    ``residual(p_i, q_i)``, and after ``g`` acceptances from ``q_{g+1}`` (the bonus token). With one-hot
-    ``p`` and ``q`` (temperature 0, ``greedy``) this is: accept while ``argmax q_i == x_i``, then emit the
-    target's argmax.
-
-    Args:
-      key: one PRNG key for this row (unused when ``greedy``).
-      draft_tokens: int32 [g]; p: float32 [g, v] (the distributions they were drawn from);
-      q: float32 [g + 1, v]; greedy: temperature 0 (p and q are then read as one-hots at their argmax).
-    Returns:
-      (num_accepted int32 [] in [0, g], next_token int32 []).
-    """
-    from specjax.decoding.verify import token_verify  # the one implementation of the rule
-
-    if greedy:
-        v = q.shape[-1]
-        q = jax.nn.one_hot(argmax(q), v, dtype=jnp.float32)
-        p = jax.nn.one_hot(draft_tokens, v, dtype=jnp.float32)
-    num_accepted, next_token, _ = token_verify(key[None], draft_tokens[None], p[None], q[None])
-    return num_accepted[0], next_token[0]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Hugging Face T5 checkpoints: a directory with ``config.json`` and the weights.
+"""Hugging Face T5-family checkpoints (``model_type`` t5, mt5, umt5): a directory with ``config.json`` and
+the weights.
 
 Weights are read from, in this order: ``model.safetensors``, ``model.safetensors.index.json`` (shards),
 ``pytorch_model.bin``, ``pytorch_model.bin.index.json``. Safetensors files are parsed here
@@ -188,14 +189,40 @@ def _read_weights(file: str) -> dict[str, np.ndarray]:
 
 
 def hf_config(config_json: Mapping[str, Any], **overrides) -> T5Config:
-    """``T5Config`` from a parsed Hugging Face ``config.json``, reading ``scale_decoder_outputs``
-    (transformers >= 5) before ``tie_word_embeddings`` to decide ``logits_via_embedding``."""
+    """``T5Config`` from a parsed Hugging Face ``config.json`` (``model_type`` t5, mt5 or umt5), reading
+    ``scale_decoder_outputs`` (transformers >= 5) before ``tie_word_embeddings`` to decide whether the head is
+    scaled by ``1/sqrt(d)`` (``logits_via_embedding``; ``load_hf`` then looks at the weights for an untied
+    ``lm_head``). transformers 5's mT5 writes ``tie_word_embeddings: true`` without the key and never scales;
+    mT5 written by transformers 4 scaled exactly when ``tie_word_embeddings`` (its released checkpoints: false).
+
+    Raises:
+      ValueError: a model type or activation specjax does not read (``T5Config.from_hf_config``).
+    """
     scale = config_json.get("scale_decoder_outputs")
     if scale is None:
         scale = config_json.get("tie_word_embeddings", True)
+        if config_json.get("model_type") == "mt5" and _major_version(config_json) >= 5:
+            scale = False
     fields = {"logits_via_embedding": bool(scale)}
     fields.update(overrides)
     return T5Config.from_hf_config(config_json, **fields)
+
+
+def _major_version(config_json: Mapping[str, Any]) -> int:
+    """The major version of the transformers that wrote ``config.json`` (4 when it does not say)."""
+    try:
+        return int(str(config_json.get("transformers_version", "4")).split(".")[0])
+    except ValueError:
+        return 4
+
+
+def _untied_scaled_head(tensors: Mapping[str, Any], config: T5Config) -> bool:
+    """True when a scaled head (``logits_via_embedding``) comes with an ``lm_head.weight`` that is not the
+    embedding: then it is an untied head with the scaling (``logits_scaling``)."""
+    if not config.logits_via_embedding or "lm_head.weight" not in tensors or "shared.weight" not in tensors:
+        return False
+    head, shared = tensors["lm_head.weight"], tensors["shared.weight"]
+    return np.shape(head) != np.shape(shared) or not np.array_equal(np.asarray(head), np.asarray(shared))
 
 
 def load_hf(path: str, dtype: Any = None) -> tuple[T5Config, dict[str, np.ndarray]]:
@@ -224,8 +251,13 @@ def load_hf(path: str, dtype: Any = None) -> tuple[T5Config, dict[str, np.ndarra
             cfg_json = json.load(f)
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{cfg_path!r} is not valid JSON ({e}).") from e
-    config = hf_config(cfg_json, name=os.path.basename(os.path.abspath(directory)))
+    try:
+        config = hf_config(cfg_json, name=os.path.basename(os.path.abspath(directory)))
+    except ValueError as e:
+        raise CheckpointError(f"{cfg_path}: {e}") from e
     tensors = _read_weights(file)
+    if _untied_scaled_head(tensors, config):
+        config = config.replace(logits_via_embedding=False, logits_scaling=True)
     return config, hf_to_t5x(tensors, config, source=file, dtype=dtype)
 
 
@@ -244,7 +276,7 @@ def write_hf(config: T5Config, params: Mapping[str, Any], directory: str) -> str
     os.makedirs(directory, exist_ok=True)
     hf = config.to_hf_config()
     # transformers >= 5 reads the head scaling from here; older versions ignore the key.
-    hf["scale_decoder_outputs"] = config.logits_via_embedding
+    hf["scale_decoder_outputs"] = config.scales_logits
     hf["dtype"] = config.param_dtype
     with open(os.path.join(directory, "config.json"), "w") as f:
         json.dump(hf, f, indent=2, sort_keys=True)

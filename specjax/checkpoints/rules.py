@@ -12,7 +12,9 @@ Layouts (shape legend of STYLE.md): t5x kernels are ``[in, out]`` (``query/kerne
 ``relpos_bias/rel_embedding`` [n, buckets]); Hugging Face ``nn.Linear`` weights are ``[out, in]`` and
 ``relative_attention_bias`` is an ``nn.Embedding`` [buckets, n] -- so all of those are transposed.
 Embeddings (``[v, d]``) and RMSNorm scales (``[d]``) are not. Hugging Face keeps the relative position
-table in block 0 of each stack only, as t5x keeps one per stack.
+table in block 0 of each stack only, as t5x keeps one per stack; umT5 (``per_layer_relpos_bias``) has one in
+every block, t5x ``<stack>/layers_<i>/relpos_bias/rel_embedding``. The same table serves ``model_type`` t5,
+mt5 and umt5 (transformers' three classes share their state-dict keys).
 """
 
 from __future__ import annotations
@@ -78,15 +80,23 @@ class Rule:
 
 
 def _gated(cfg: T5Config) -> bool:
-    return cfg.gated_gelu
+    return cfg.is_gated
 
 
-def _relu(cfg: T5Config) -> bool:
-    return not cfg.gated_gelu
+def _relu(cfg: T5Config) -> bool:  # one input kernel ``wi`` (its activation relu or another)
+    return not cfg.is_gated
 
 
 def _untied(cfg: T5Config) -> bool:
     return not cfg.logits_via_embedding
+
+
+def _shared_relpos(cfg: T5Config) -> bool:
+    return not cfg.per_layer_relpos_bias
+
+
+def _per_layer_relpos(cfg: T5Config) -> bool:
+    return cfg.per_layer_relpos_bias
 
 
 def _attention(t5x_prefix: str, hf_prefix: str) -> list[Rule]:
@@ -114,6 +124,14 @@ RULES: tuple[Rule, ...] = tuple(
             "encoder/relpos_bias/rel_embedding",
             "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
             True,
+            _shared_relpos,
+        ),
+        # umT5: every layer's own table (transformers UMT5 keeps one in every block).
+        Rule(
+            "encoder/layers_{i}/relpos_bias/rel_embedding",
+            f"{_E}.0.SelfAttention.relative_attention_bias.weight",
+            True,
+            _per_layer_relpos,
         ),
         Rule("encoder/layers_{i}/pre_attention_layer_norm/scale", f"{_E}.0.layer_norm.weight", False),
         *_attention("encoder/layers_{i}/attention", f"{_E}.0.SelfAttention"),
@@ -125,6 +143,13 @@ RULES: tuple[Rule, ...] = tuple(
             "decoder/relpos_bias/rel_embedding",
             "decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
             True,
+            _shared_relpos,
+        ),
+        Rule(
+            "decoder/layers_{i}/relpos_bias/rel_embedding",
+            f"{_D}.0.SelfAttention.relative_attention_bias.weight",
+            True,
+            _per_layer_relpos,
         ),
         Rule("decoder/layers_{i}/pre_self_attention_layer_norm/scale", f"{_D}.0.layer_norm.weight", False),
         *_attention("decoder/layers_{i}/self_attention", f"{_D}.0.SelfAttention"),
@@ -293,8 +318,9 @@ def hf_to_t5x(
     if unmapped:
         raise CheckpointError(
             f"{source}: keys no rule maps to a specjax T5 parameter: {_listing(unmapped)}. specjax reads "
-            "T5ForConditionalGeneration checkpoints (T5 1.0, 1.1, Flan-T5); relu needs feed_forward_proj='relu' "
-            "and wi_0/wi_1 need 'gated-gelu' in config.json."
+            "T5ForConditionalGeneration / MT5ForConditionalGeneration / UMT5ForConditionalGeneration checkpoints; "
+            "wi needs a plain feed_forward_proj ('relu'), wi_0/wi_1 a gated one ('gated-gelu', 'gated-silu'), "
+            "and a relative_attention_bias in every block needs model_type 'umt5' in config.json."
         )
     if unexpected:
         raise CheckpointError(
@@ -313,10 +339,9 @@ def hf_to_t5x(
         if not np.array_equal(np.asarray(tensors[key]), np.asarray(tensors[target])):
             if key == "lm_head.weight":
                 raise CheckpointError(
-                    f"{source}: lm_head.weight differs from shared.weight, but config.json scales logits "
-                    "through the tied embedding (tie_word_embeddings/scale_decoder_outputs true). specjax "
-                    "cannot represent an untied head with embedding scaling; set tie_word_embeddings=false "
-                    "if the head is really untied."
+                    f"{source}: lm_head.weight differs from shared.weight, but the config ties them "
+                    "(logits_via_embedding). Load it with specjax.load_checkpoint (which reads such a head as "
+                    "untied with logits_scaling), or pass a config with logits_via_embedding=False."
                 )
             raise CheckpointError(f"{source}: {key} should equal {target} (tied in transformers) but differs.")
     if (

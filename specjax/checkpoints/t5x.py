@@ -250,8 +250,11 @@ def infer_config(flat: Mapping[str, Any], source: str = "checkpoint", **override
     of relative-position buckets from ``encoder/relpos_bias/rel_embedding`` [n, buckets]; ``head_dim`` from
     ``encoder/layers_0/attention/query/kernel`` [d, n*h]; ``mlp_dim`` from ``wi``/``wi_0`` [d, f]; layer
     counts from ``layers_<i>``; ``gated_gelu`` when ``wi_0`` exists; ``logits_via_embedding`` when there is
-    no ``decoder/logits_dense``. ``relative_attention_max_distance`` (128) and ``layer_norm_epsilon`` (1e-6)
-    cannot be seen in shapes and take t5x's defaults unless given in ``overrides``.
+    no ``decoder/logits_dense``; ``per_layer_relpos_bias`` (umT5) when the tables are
+    ``encoder/layers_<i>/relpos_bias/rel_embedding`` instead of one ``encoder/relpos_bias``.
+    ``relative_attention_max_distance`` (128), ``layer_norm_epsilon`` (1e-6) and the MLP's activations
+    (gelu, as T5 1.1 / mT5 / umT5 / MADLAD-400; UL2 needs ``mlp_activations=("silu", "linear")``) cannot be
+    seen in shapes and take t5x's defaults unless given in ``overrides``.
 
     Raises:
       CheckpointError: a parameter needed for the inference is missing.
@@ -266,7 +269,8 @@ def infer_config(flat: Mapping[str, Any], source: str = "checkpoint", **override
         return tuple(np.shape(flat[name]))
 
     vocab, d_model = shape("token_embedder/embedding")
-    num_heads, buckets = shape("encoder/relpos_bias/rel_embedding")
+    per_layer = "encoder/relpos_bias/rel_embedding" not in flat and "encoder/layers_0/relpos_bias/rel_embedding" in flat
+    num_heads, buckets = shape(f"encoder/{'layers_0/' if per_layer else ''}relpos_bias/rel_embedding")
     nh = shape("encoder/layers_0/attention/query/kernel")[1]
     gated = "encoder/layers_0/mlp/wi_0/kernel" in flat
     mlp_dim = shape("encoder/layers_0/mlp/wi_0/kernel" if gated else "encoder/layers_0/mlp/wi/kernel")[1]
@@ -290,6 +294,8 @@ def infer_config(flat: Mapping[str, Any], source: str = "checkpoint", **override
         relative_attention_num_buckets=buckets,
         name=os.path.basename(str(source).rstrip("/")),
     )
+    if per_layer:
+        fields["per_layer_relpos_bias"] = True
     fields.update(overrides)
     return T5Config(**fields)
 

@@ -107,17 +107,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _subcommand_parser(parser: argparse.ArgumentParser, name: str | None) -> argparse.ArgumentParser:
+    """The parser of subcommand ``name`` (the top-level parser when there is none)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and name in action.choices:
+            return action.choices[name]
+    return parser
+
+
 def main(argv=None) -> int:
-    """Entry point of the ``specjax`` console script. Returns the process exit status."""
+    """Entry point of the ``specjax`` console script. Returns the process exit status.
+
+    Every error in a subcommand's arguments, whether argparse finds it (an unknown flag, a bad value) or the
+    subcommand does (a ``ValueError`` / ``FileNotFoundError`` from its checks), prints that subcommand's usage and
+    a one-line message on stderr and returns 2; results go to stdout, statistics and progress to stderr.
+    """
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    command = getattr(args, "command", None)
+    if unknown:  # argparse would blame the top-level parser: the subcommand's usage is the useful one
+        _subcommand_parser(parser, command).error(f"unrecognized arguments: {' '.join(unknown)}")
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
     try:
         return int(args.func(args) or 0)
     except (ValueError, FileNotFoundError, NotADirectoryError) as e:
-        print(f"specjax {args.command}: error: {e}", file=sys.stderr)
+        _subcommand_parser(parser, command).print_usage(sys.stderr)
+        print(f"specjax {command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"specjax {args.command}: interrupted; finished work was kept.", file=sys.stderr)

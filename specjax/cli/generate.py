@@ -8,9 +8,9 @@ Example::
 
 Each output line is the decode of the input line with the same number (after ``--prefix``). Output is
 flushed after every batch; running the same command again resumes after the lines already in ``--output``.
-Batches have a fixed size (the last one is padded with copies of its first row, with that row's key, which are dropped) and inputs are padded to
-a power-of-2 length, so a few compiled programs serve the whole file. Row ``i`` of the file samples with
-``fold_in(PRNGKey(seed), i)``, so outputs do not depend on ``--batch-size`` or on resuming.
+Batches have a fixed size (the last one is padded with copies of its first row, with that row's key, which are
+dropped) and inputs are padded to a power-of-2 length, so a few compiled programs serve the whole file. Row ``i``
+of the file samples with ``fold_in(PRNGKey(seed), i)``, so outputs do not depend on ``--batch-size`` or on resuming.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import sys
 import time
 
 from specjax.cli import add_decoding_args, add_size_arg
+from specjax.cli._common import lines_done
 
 DEFAULT_TOKENIZER = os.path.join("..", "shared", "data", "tokenizer", "t5", "spiece.model")
 
@@ -179,18 +180,6 @@ def _read_lines(path: str) -> list[str]:
     return out
 
 
-def _lines_done(path: str) -> int:
-    """Complete lines already in ``path`` (0 if absent). A trailing partial line is cut off."""
-    if path == "-" or not os.path.exists(path):
-        return 0
-    with open(path, "rb+") as f:
-        data = f.read()
-        complete = data.rfind(b"\n") + 1
-        if complete < len(data):  # an interrupted write: drop the partial line
-            f.truncate(complete)
-    return data[:complete].count(b"\n")
-
-
 def _validate(args):
     from specjax.sampling import validate_sampling
 
@@ -250,8 +239,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(
             f"{'stdin' if args.input == '-' else args.input} has no lines; nothing to decode (one input per line)."
         )
-    done = _lines_done(args.output)
-    report = sys.stderr if args.output == "-" else sys.stdout
+    done = lines_done(args.output)
+    report = sys.stderr  # statistics and progress; the outputs go to --output (stdout for -)
     if done >= len(lines):
         print(f"{args.output}: all {len(lines)} lines already written; nothing to do.", file=report)
         return 0

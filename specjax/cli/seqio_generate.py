@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     _validate(args)
     _quiet_tensorflow()
     from specjax import seqio_interop
-    from specjax.cli.generate import _lines_done
+    from specjax.cli._common import lines_done
 
     try:
         seqio_interop.import_seqio()
@@ -95,12 +95,12 @@ def run(args: argparse.Namespace) -> int:
     seqio_interop.check_vocabulary(task, task_tok, target, draft, models_tok)  # before placing on devices
     target, draft = runner.place(target, draft)
 
-    done = _lines_done(args.output)
+    done = lines_done(args.output)
     previous = []
     if done:
         with open(args.output, encoding="utf-8") as f:
             previous = [task_tok.encode(line) for line in f.read().splitlines()[:done]]
-    report = sys.stderr if args.output == "-" else sys.stdout
+    report = sys.stderr  # statistics and progress; the outputs go to --output (stdout for -)
     out = sys.stdout if args.output == "-" else open(args.output, "a", encoding="utf-8")
 
     def write(batch_tokens):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from specjax.cli import add_decoding_args, add_size_arg
 
@@ -36,7 +37,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Translates and prints one line per input, then alpha and tokens per target call."""
+    """Prints one translation per input on stdout, then the paper's α and tokens per target call on stderr."""
     import jax
 
     from specjax.decoding import inputs, speculative_sample
@@ -90,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
         print(tokenizer.decode(seq[:n]))
     print(
         f"# acceptance rate alpha {r.acceptance_rate:.3f} (the paper's, per token), accepted/drafted "
-        f"{r.accepted_fraction:.3f}, tokens per target call {r.tokens_per_target_call:.2f}"
+        f"{r.accepted_fraction:.3f}, tokens per target call {r.tokens_per_target_call:.2f}",
+        file=sys.stderr,
     )
     return 0

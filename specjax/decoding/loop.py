@@ -26,7 +26,8 @@ from specjax.decoding.drafts import DraftSource, ModelDraft, decoder_input_at
 from specjax.decoding.inputs import DecodeConfig, prepare_tokens, raw_keys, row_keys
 from specjax.decoding.model import DecodingModel, as_decoding_model
 from specjax.decoding.result import Counters, DecodeResult
-from specjax.decoding.verify import Proposal, Verdict, get_verifier
+from specjax.decoding.verifiers import get_verifier
+from specjax.decoding.verify import Proposal, Verdict
 from specjax.decoding.xla_cpu import TunedJit
 from specjax.sampling import SamplingParams
 

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 
 from specjax.sampling import SamplingParams, argmax, overlap, residual, sample_rows
 
-__all__ = ["Proposal", "Verdict", "Verifier", "TokenVerifier", "token_verify", "get_verifier"]
+__all__ = ["Proposal", "Verdict", "Verifier", "TokenVerifier", "token_verify", "accept_or_resample"]
 
 
 class Proposal(NamedTuple):
@@ -123,12 +123,27 @@ class TokenVerifier:
         return jax.lax.cond(sampling.all_greedy(), lambda _: _greedy_verdict(proposal, target_logits), sampled, None)
 
 
-def get_verifier(name: str) -> Verifier:
-    """ "token" -> ``TokenVerifier()``, "block" -> ``BlockVerifier()`` (Sun et al. 2025)."""
-    if name == "token":
-        return TokenVerifier()
-    if name == "block":
-        from specjax.decoding.block import BlockVerifier
+def accept_or_resample(
+    key: jax.Array, draft_tokens: jax.Array, p: jax.Array, q: jax.Array, greedy: bool = False
+) -> tuple[jax.Array, jax.Array]:
+    """Token verification of one row (Leviathan et al. 2023, Algorithm 1): accepted count and next token.
 
-        return BlockVerifier()
-    raise ValueError(f"unknown verification {name!r}; use 'token' or 'block'.")
+    A one-row view of ``TokenVerifier`` (the rule the loop runs): ``x_i`` is
+    accepted while ``r_i < min(1, q_i(x_i) / p_i(x_i))``; at the first rejection the next token is drawn from
+    ``residual(p_i, q_i)``, and after ``g`` acceptances from ``q_{g+1}`` (the bonus token). With one-hot
+    ``p`` and ``q`` (temperature 0, ``greedy``) this is: accept while ``argmax q_i == x_i``, then emit the
+    target's argmax.
+
+    Args:
+      key: one PRNG key for this row (unused when ``greedy``).
+      draft_tokens: int32 [g]; p: float32 [g, v] (the distributions they were drawn from);
+      q: float32 [g + 1, v]; greedy: temperature 0 (p and q are then read as one-hots at their argmax).
+    Returns:
+      (num_accepted int32 [] in [0, g], next_token int32 []).
+    """
+    if greedy:
+        v = q.shape[-1]
+        q = jax.nn.one_hot(argmax(q), v, dtype=jnp.float32)
+        p = jax.nn.one_hot(draft_tokens, v, dtype=jnp.float32)
+    num_accepted, next_token, _ = token_verify(key[None], draft_tokens[None], p[None], q[None])
+    return num_accepted[0], next_token[0]

@@ -44,6 +44,7 @@ __all__ = [
     "cpu_compiler_options",
     "train_step_compiler_options",
     "weights_dtype",
+    "program_platform",
     "TunedJit",
 ]
 
@@ -71,19 +72,20 @@ def _top_level() -> bool:
     return trace_state_clean()
 
 
-def cpu_compiler_options(rows: int, dtype=jnp.float32) -> dict | None:
+def cpu_compiler_options(rows: int, dtype=jnp.float32, platform: str | None = None) -> dict | None:
     """The compile options for a decode program whose largest dot has ``rows`` rows (``b × window``) of
-    ``dtype`` (the target's weights' dtype).
+    ``dtype`` (the target's weights' dtype), compiled for ``platform`` ("cpu", "tpu", "gpu"; None: JAX's default
+    backend).
 
-    Returns ``dict(SMALL_DOT_OPTIONS)`` on CPU for ``rows <= SMALL_DOT_ROWS`` and a float32 ``dtype``, else None
-    (XLA's defaults); None on other backends, when ``XLA_FLAGS`` names one of the options, or when
+    Returns ``dict(SMALL_DOT_OPTIONS)`` for a CPU program with ``rows <= SMALL_DOT_ROWS`` and a float32 ``dtype``,
+    else None (XLA's defaults); None for other platforms, when ``XLA_FLAGS`` names one of the options, or when
     ``SPECJAX_XLA_CPU_OPTIONS=0``.
     """
     if (
         _user_chose(SMALL_DOT_OPTIONS)
         or rows > SMALL_DOT_ROWS
         or jnp.dtype(dtype) != jnp.float32
-        or jax.default_backend() != "cpu"
+        or (platform or jax.default_backend()) != "cpu"
     ):
         return None
     return dict(SMALL_DOT_OPTIONS)
@@ -95,6 +97,21 @@ def weights_dtype(params) -> jnp.dtype:
     return jnp.dtype(max(leaves, key=lambda x: x.size).dtype) if leaves else jnp.dtype(jnp.float32)
 
 
+def program_platform(tree) -> str:
+    """The platform ("cpu", "tpu", "gpu") a program reading the arrays of ``tree`` is compiled for: that of the
+    first leaf placed on devices (a ``jax.Array``) or given a sharding (a ``jax.ShapeDtypeStruct`` with
+    ``sharding=``, as for a TPU topology compiled ahead of time on a CPU host); JAX's default backend when no leaf
+    says (NumPy arrays, tracers, abstract arrays without a sharding)."""
+    for leaf in jax.tree_util.tree_leaves(tree):
+        devices = getattr(leaf, "devices", None)
+        if callable(devices) and not isinstance(leaf, jax.core.Tracer):
+            return next(iter(devices())).platform
+        device_set = getattr(getattr(leaf, "sharding", None), "device_set", None)
+        if isinstance(leaf, jax.ShapeDtypeStruct) and device_set:
+            return next(iter(device_set)).platform
+    return jax.default_backend()
+
+
 def train_step_compiler_options() -> dict | None:
     """``dict(TRAIN_STEP_OPTIONS)`` on CPU; None on other backends, when ``XLA_FLAGS`` names the option, or when
     ``SPECJAX_XLA_CPU_OPTIONS=0``."""
@@ -104,9 +121,9 @@ def train_step_compiler_options() -> dict | None:
 
 
 class TunedJit:
-    """``jax.jit(fn, static_argnums=...)`` that, called at top level on CPU, compiles with
-    ``cpu_compiler_options(rows(*args), weights_dtype(params(*args)))``; nested in a trace it is the plain jit
-    (inlined by the caller's).
+    """``jax.jit(fn, static_argnums=...)`` that, called at top level for a CPU program, compiles with
+    ``cpu_compiler_options(rows(*args), weights_dtype(params(*args)), program_platform(params(*args)))``; nested
+    in a trace it is the plain jit (inlined by the caller's).
 
     ``__call__``, ``lower`` and ``_cache_size`` behave as ``jax.jit``'s (the cache size sums every variant).
     """
@@ -119,7 +136,12 @@ class TunedJit:
         self._tuned: dict[tuple, Callable] = {}
 
     def _pick(self, args):
-        options = cpu_compiler_options(self._rows(*args), weights_dtype(self._params(*args))) if _top_level() else None
+        params = self._params(*args)
+        options = (
+            cpu_compiler_options(self._rows(*args), weights_dtype(params), program_platform(params))
+            if _top_level()
+            else None
+        )
         if not options:
             return self.plain
         key = tuple(sorted(options.items()))

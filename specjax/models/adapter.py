@@ -39,11 +39,17 @@ class T5Decoding:
         the logits are the same bit for bit, but XLA:CPU, which has no bfloat16 scatter or dot kernel, no
         longer converts the whole cache to float32 and back around each window's write nor the
         cross-attention memory in every window (``T5Model.decoding_model`` picks it on CPU).
+      scan_layers: run the layers under ``lax.scan`` (flaxformer's ``scan_layers``): the parameters are the
+        stacked tree (``specjax.models.t5.stack_layers``), the cache and the cross-attention memory are stacked
+        arrays [l, ...] (``t5.encode_scanned``, ``t5.decode_scanned``). The same values as the unrolled layers
+        (float32: within 1e-5, ``tests/test_scan.py``); the program holds one layer's code instead of l, so its
+        compile time and size do not grow with depth (``T5Model.decoding_model`` picks it off CPU).
     """
 
     config: t5.T5Config
     encode_widths: tuple[int, ...] = ENCODE_WIDTHS
     kv_dtype: str | None = None
+    scan_layers: bool = False
 
     @property
     def vocab_size(self) -> int:
@@ -68,8 +74,9 @@ class T5Decoding:
         """
         s = encoder_input_tokens.shape[1]
         widths = run_time_widths(self.encode_widths, s)
+        run_encoder = t5.encode_scanned if self.scan_layers else t5.encode
         if len(widths) == 1:
-            return self._memory(t5.encode(self.config, params, encoder_input_tokens))
+            return self._memory(run_encoder(self.config, params, encoder_input_tokens))
         tokens = jnp.asarray(encoder_input_tokens, jnp.int32)
         mask = tokens != self.config.pad_id
         used = jnp.max(jnp.where(mask, jnp.arange(1, s + 1, dtype=jnp.int32), 0))  # last real token + 1
@@ -77,10 +84,11 @@ class T5Decoding:
 
         def at_width(w):
             def run(tokens):
-                enc = self._memory(t5.encode(self.config, params, tokens[:, :w]))
-                grow_k = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, s - w)))  # [b, n, h, s]
-                grow_v = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, s - w), (0, 0)))  # [b, n, s, h]
-                return t5.Encoded(mask, tuple(map(grow_k, enc.cross_k)), tuple(map(grow_v, enc.cross_v)))
+                enc = self._memory(run_encoder(self.config, params, tokens[:, :w]))
+                # Keys [(l,) b, n, h, s] grow along the last axis, values [(l,) b, n, s, h] along the one before.
+                grow_k = lambda x: jnp.pad(x, ((0, 0),) * (x.ndim - 1) + ((0, s - w),))
+                grow_v = lambda x: jnp.pad(x, ((0, 0),) * (x.ndim - 2) + ((0, s - w), (0, 0)))
+                return t5.Encoded(mask, jax.tree.map(grow_k, enc.cross_k), jax.tree.map(grow_v, enc.cross_v))
 
             return run
 
@@ -90,13 +98,16 @@ class T5Decoding:
         """``enc`` with its cross-attention keys/values in ``kv_dtype`` (unchanged when None)."""
         if self.kv_dtype is None:
             return enc
-        cast = lambda xs: tuple(x.astype(self.kv_dtype) for x in xs)
+        cast = lambda xs: jax.tree.map(lambda x: x.astype(self.kv_dtype), xs)
         return t5.Encoded(enc.mask, cast(enc.cross_k), cast(enc.cross_v))
 
     def decode(self, params, encoded, tokens, cache, positions):
-        """int32[b, k] at int32[b] -> (float32 logits [b, k, v], cache) (``specjax.models.t5.decode``)."""
-        return t5.decode(self.config, params, encoded, tokens, cache, positions)
+        """int32[b, k] at int32[b] -> (float32 logits [b, k, v], cache) (``specjax.models.t5.decode``, or
+        ``t5.decode_scanned`` with ``scan_layers``)."""
+        run_decoder = t5.decode_scanned if self.scan_layers else t5.decode
+        return run_decoder(self.config, params, encoded, tokens, cache, positions)
 
     def init_cache(self, batch, length):
-        """An empty cache for ``batch`` rows and ``length`` positions (``specjax.models.t5.init_cache``)."""
-        return t5.init_cache(self.config, batch, length, self.kv_dtype)
+        """An empty cache for ``batch`` rows and ``length`` positions (``specjax.models.t5.init_cache``; stacked
+        arrays [l, b, n, L, h] with ``scan_layers``)."""
+        return t5.init_cache(self.config, batch, length, self.kv_dtype, stacked=self.scan_layers)

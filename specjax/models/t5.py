@@ -5,9 +5,11 @@ Legend for shapes (STYLE.md): ``b`` batch, ``s`` encoder length, ``t`` decoder l
 
 Architecture: Raffel et al. 2020 ("Exploring the Limits of Transfer Learning with a Unified Text-to-Text
 Transformer"), section 2.1, as implemented by t5x ``examples/t5/network.py`` (parameter names are t5x's):
-pre-norm RMSNorm without mean subtraction, relative position buckets shared by the layers of a stack, no
-1/sqrt(h) scaling inside attention (it is folded into the query initialisation), ReLU MLP (1.0) or
-tanh-GELU gated MLP (1.1), logits through the embedding / sqrt(d) (1.0) or an untied ``logits_dense`` (1.1).
+pre-norm RMSNorm without mean subtraction, relative position buckets shared by the layers of a stack (umT5:
+one table per layer, ``T5Config.per_layer_relpos_bias``), no 1/sqrt(h) scaling inside attention (it is folded
+into the query initialisation), ReLU MLP (1.0), tanh-GELU gated MLP (1.1, mT5, umT5, ByT5, MADLAD-400) or
+SiLU gated MLP (UL2) (``T5Config.mlp_activations``), logits through the embedding / sqrt(d) (1.0) or an untied
+``logits_dense`` (1.1) (``logits_via_embedding``, ``logits_scaling``).
 
 The decode contract (DESIGN.md): ``encode`` once, then ``decode`` any window of ``k`` tokens per row at
 per-row positions against an explicit cache pytree. Positions past a row's position hold stale keys that
@@ -42,6 +44,13 @@ __all__ = [
     "ENCODED_AXES",
     "CACHE_AXES",
     "logical_axes",
+    "LAYERS_AXIS",
+    "stack_layers",
+    "unstack_layers",
+    "stacked_param_logical_axes",
+    "stacked_logical_axes",
+    "encode_scanned",
+    "decode_scanned",
 ]
 
 Params = Any
@@ -346,8 +355,19 @@ class Projections(nn.Module):
         return self.out(out_btnh.reshape(out_btnh.shape[:2] + (cfg.num_heads * cfg.head_dim,)))
 
 
+_ACTIVATIONS = {
+    "relu": nn.relu,
+    "gelu": functools.partial(nn.gelu, approximate=True),  # tanh form: t5x "gelu", transformers "gelu_new"
+    "gelu_exact": functools.partial(nn.gelu, approximate=False),  # erf form: transformers "gelu"
+    "silu": nn.silu,  # x * sigmoid(x): UL2's "gated-silu", transformers "silu" / "swish"
+    "linear": lambda x: x,
+}
+
+
 class MLP(nn.Module):
-    """T5 feed-forward: ``wo(relu(wi x))`` (1.0) or ``wo(gelu_tanh(wi_0 x) * wi_1 x)`` (1.1).
+    """T5 feed-forward (t5x ``MlpBlock``): ``wo(act_0(wi_0 x) * act_1(wi_1 x))`` for two activations
+    (T5 1.1 / mT5 / umT5: gelu and linear; UL2: silu and linear), ``wo(act(wi x))`` for one (T5 1.0: relu).
+    x [b, t, d] -> [b, t, d]; the hidden layer is [b, t, f].
 
     ``dropout_rate``: dropout on the hidden activations in training, shared along the length axis (t5x
     ``MlpBlock``'s ``intermediate_dropout_rate``); 0 leaves them alone.
@@ -359,12 +379,12 @@ class MLP(nn.Module):
     @nn.compact
     def __call__(self, x):
         cfg = self.config
-        if cfg.gated_gelu:
-            h = nn.gelu(Dense(cfg.mlp_dim, ("embed", "mlp"), cfg, name="wi_0")(x), approximate=True) * Dense(
-                cfg.mlp_dim, ("embed", "mlp"), cfg, name="wi_1"
-            )(x)
-        else:
-            h = nn.relu(Dense(cfg.mlp_dim, ("embed", "mlp"), cfg, name="wi")(x))
+        acts = cfg.activations
+        names = ("wi",) if len(acts) == 1 else tuple(f"wi_{i}" for i in range(len(acts)))
+        h = None
+        for act, name in zip(acts, names):
+            y = _ACTIVATIONS[act](Dense(cfg.mlp_dim, ("embed", "mlp"), cfg, name=name)(x))  # [b, t, f]
+            h = y if h is None else h * y
         return Dense(cfg.d_model, ("mlp", "embed"), cfg, name="wo")(_dropout(self, h, self.dropout_rate, (-2,)))
 
 
@@ -389,6 +409,8 @@ class EncoderLayer(nn.Module):
 
     def setup(self):
         inner = _inner_rate(self.dropout_rate, self.dropout_style)
+        if self.config.per_layer_relpos_bias:  # umT5: this layer's own table (``layers_<i>/relpos_bias``)
+            self.relpos_bias = RelativePositionBias(True, self.config)
         self.pre_attention_layer_norm = RMSNorm(self.config)
         self.attention = Projections(self.config, inner)
         self.pre_mlp_layer_norm = RMSNorm(self.config)
@@ -420,6 +442,8 @@ class DecoderLayer(nn.Module):
     def setup(self):
         cfg = self.config
         inner = _inner_rate(self.dropout_rate, self.dropout_style)
+        if cfg.per_layer_relpos_bias:  # umT5: this layer's own table (``layers_<i>/relpos_bias``)
+            self.relpos_bias = RelativePositionBias(False, cfg)
         self.pre_self_attention_layer_norm = RMSNorm(cfg)
         self.self_attention = Projections(cfg, inner)
         self.pre_cross_attention_layer_norm = RMSNorm(cfg)
@@ -472,7 +496,8 @@ class Encoder(nn.Module):
 
     def setup(self):
         cfg = self.config
-        self.relpos_bias = RelativePositionBias(True, cfg)
+        if not cfg.per_layer_relpos_bias:  # T5 / mT5: one table for the stack
+            self.relpos_bias = RelativePositionBias(True, cfg)
         self.layers = [
             EncoderLayer(cfg, self.dropout_rate, self.dropout_style, name=f"layers_{i}")
             for i in range(cfg.num_encoder_layers)
@@ -482,9 +507,11 @@ class Encoder(nn.Module):
     def __call__(self, x_bsd, mask_bs):
         b, s = mask_bs.shape
         pos = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s))
-        bias = self.relpos_bias(pos, pos) + jnp.where(mask_bs[:, None, None, :], 0.0, NEG_INF)
+        mask_bias = jnp.where(mask_bs[:, None, None, :], 0.0, NEG_INF)  # [b, 1, 1, s]
+        shared = None if self.config.per_layer_relpos_bias else self.relpos_bias(pos, pos) + mask_bias
         x_bsd = _dropout(self, x_bsd, self.dropout_rate, _length_shared(self.dropout_style))
         for layer in self.layers:
+            bias = shared if shared is not None else layer.relpos_bias(pos, pos) + mask_bias  # [b, n, s, s]
             x_bsd = layer(x_bsd, bias)
         return _dropout(self, self.encoder_norm(x_bsd), self.dropout_rate)  # t5x shares no decisions on this one
 
@@ -498,7 +525,8 @@ class Decoder(nn.Module):
 
     def setup(self):
         cfg = self.config
-        self.relpos_bias = RelativePositionBias(False, cfg)
+        if not cfg.per_layer_relpos_bias:  # T5 / mT5: one table for the stack
+            self.relpos_bias = RelativePositionBias(False, cfg)
         self.layers = [
             DecoderLayer(cfg, self.dropout_rate, self.dropout_style, name=f"layers_{i}")
             for i in range(cfg.num_decoder_layers)
@@ -522,8 +550,12 @@ class Decoder(nn.Module):
         distance = query_pos[:, :, None] - jnp.arange(cache_len, dtype=jnp.int32)  # [b, k, L]
         # Distances run up to L + k - 1 (a window may reach past the cache; its writes are dropped).
         column = jnp.where(distance >= 0, distance, cache_len + k)
-        table = self.relpos_bias.causal_table(cache_len + k)  # [n, L + k + 1]
-        self_bias = jnp.transpose(jnp.take(table, column, axis=1, mode="clip"), (1, 0, 2, 3))
+
+        def causal_bias(relpos_bias):
+            table = relpos_bias.causal_table(cache_len + k)  # [n, L + k + 1]
+            return jnp.transpose(jnp.take(table, column, axis=1, mode="clip"), (1, 0, 2, 3))
+
+        shared_bias = None if cfg.per_layer_relpos_bias else causal_bias(self.relpos_bias)
         cross_bias = jnp.where(encoded.mask[:, None, None, :], 0.0, NEG_INF)  # [b, 1, 1, s]
         rows = jnp.arange(b)[:, None]
 
@@ -535,6 +567,7 @@ class Decoder(nn.Module):
         new_k, new_v = [], []
         x_bkd = _dropout(self, x_bkd, self.dropout_rate, _length_shared(self.dropout_style))
         for i, layer in enumerate(self.layers):
+            self_bias = shared_bias if shared_bias is not None else causal_bias(layer.relpos_bias)  # [b, n, k, L]
             x_bkd, (lk, lv) = layer(
                 x_bkd, (cache.k[i], cache.v[i]), self_bias, (encoded.cross_k[i], encoded.cross_v[i]), cross_bias, write
             )
@@ -542,9 +575,11 @@ class Decoder(nn.Module):
             new_v.append(lv)
         y = _dropout(self, self.decoder_norm(x_bkd), self.dropout_rate, _length_shared(self.dropout_style))
         if cfg.logits_via_embedding:
-            logits = embedder.attend(y) / jnp.sqrt(jnp.asarray(y.shape[-1], jnp.float32)).astype(y.dtype)
+            logits = embedder.attend(y)
         else:
             logits = self.logits_dense(y)
+        if cfg.scales_logits:  # d**-0.5 (T5 1.0's tied head; transformers scale_decoder_outputs)
+            logits = logits / jnp.sqrt(jnp.asarray(y.shape[-1], jnp.float32)).astype(y.dtype)
         return logits.astype(jnp.float32), KVCache(tuple(new_k), tuple(new_v))
 
 
@@ -608,16 +643,20 @@ class Transformer(nn.Module):
 # Pure functions (the decode contract)
 
 
-def _empty_cache(config: T5Config, batch: int, length: int, dtype=None) -> KVCache:
+def _empty_cache(config: T5Config, batch: int, length: int, dtype=None, stacked: bool = False) -> KVCache:
     shape = (batch, config.num_heads, length, config.head_dim)
     layers = range(config.num_decoder_layers)
     dtype = config.compute_dtype if dtype is None else dtype
+    if stacked:
+        shape = (config.num_decoder_layers,) + shape
+        return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
     return KVCache(tuple(jnp.zeros(shape, dtype) for _ in layers), tuple(jnp.zeros(shape, dtype) for _ in layers))
 
 
-def init_cache(config: T5Config, batch: int, length: int, dtype=None) -> KVCache:
+def init_cache(config: T5Config, batch: int, length: int, dtype=None, stacked: bool = False) -> KVCache:
     """An empty decoder cache of ``length`` slots (tokens) per row: ``KVCache`` whose ``k`` and ``v`` are
     tuples of l arrays [b, n, L, h] (logical axes ``CACHE_AXES``) in ``dtype``: the compute dtype when None.
+    ``stacked``: one array [l, b, n, L, h] each instead, for ``decode_scanned`` (``stacked_logical_axes``).
 
     ``length`` must cover the last position a window can write (for a decode loop: max_decode_length plus
     the window size); ``decode`` drops writes past it rather than clamping them. A ``dtype`` wider than the
@@ -630,7 +669,7 @@ def init_cache(config: T5Config, batch: int, length: int, dtype=None) -> KVCache
     """
     if batch < 1 or length < 1:
         raise ValueError(f"init_cache needs batch >= 1 and length >= 1, got batch={batch}, length={length}.")
-    return _empty_cache(config, batch, length, dtype)
+    return _empty_cache(config, batch, length, dtype, stacked)
 
 
 def _check_tokens(config: T5Config, tokens, what: str):
@@ -773,6 +812,250 @@ def count_params(params: Params) -> int:
 
 
 # ----------------------------------------------------------------------------------------------------------
+# Scanned layers (flaxformer's ``scan_layers``): parameters, caches and cross-attention memory stacked on a
+# leading layers axis, one ``lax.scan`` over the layers in encode and in every decode window
+
+LAYERS_AXIS = "layers"
+"""Logical name of the leading axis of stacked (scanned) parameters, caches and memory (``specjax.parallel``'s
+rules replicate it: every device holds every layer's slice of a tensor)."""
+
+
+def _stacks(config: T5Config) -> tuple[tuple[str, int], ...]:
+    return (("encoder", config.num_encoder_layers), ("decoder", config.num_decoder_layers))
+
+
+def _stack_leaves(leaves):
+    """l arrays of one shape -> one array [l, ...]: ``jax.ShapeDtypeStruct``s stay abstract (their sharding,
+    if any, gains a replicated leading axis), NumPy arrays stay on the host, ``jax.Array``s keep their sharding."""
+    first = leaves[0]
+    sharding = getattr(first, "sharding", None)
+    spec = getattr(sharding, "spec", None)
+    stacked_sharding = (
+        jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(None, *spec)) if spec is not None else None
+    )
+    if isinstance(first, jax.ShapeDtypeStruct):
+        return jax.ShapeDtypeStruct((len(leaves),) + tuple(first.shape), first.dtype, sharding=stacked_sharding)
+    if isinstance(first, np.ndarray):
+        return np.stack(leaves)
+    if stacked_sharding is not None and not isinstance(first, jax.core.Tracer):
+        return jax.jit(lambda *xs: jnp.stack(xs), out_shardings=stacked_sharding)(*leaves)
+    return jnp.stack(leaves)
+
+
+def stack_layers(config: T5Config, params: Params) -> Params:
+    """The parameter tree with each stack's ``layers_0 … layers_{l-1}`` replaced by one ``layers`` subtree whose
+    leaves are stacked on a new leading axis (flaxformer's ``scan_layers`` layout): e.g.
+    ``decoder/layers/mlp/wo/kernel`` [l, f, d] for l kernels [f, d]. What is not per layer (embedding, relative
+    position biases, final norms, logits kernel) is unchanged. Checkpoints keep the unstacked t5x / Hugging Face
+    layout; this runs at the boundary (``T5Model.decoding_model`` on TPU / GPU) and ``unstack_layers`` undoes it.
+
+    Works on arrays (a copy: l slices become one array of the same total bytes, on the slices' devices and with
+    their sharding plus a replicated leading axis), NumPy arrays (on the host) and ``jax.ShapeDtypeStruct``s.
+
+    Raises:
+      ValueError: a stack lacks one of its ``config.num_*_layers`` layers, or the tree is already stacked.
+    """
+    out = dict(params)
+    for stack, n in _stacks(config):
+        sub = dict(params[stack])
+        if LAYERS_AXIS in sub:
+            raise ValueError(f"stack_layers: {stack}/{LAYERS_AXIS} exists; the parameters are stacked already.")
+        missing = [f"layers_{i}" for i in range(n) if f"layers_{i}" not in sub]
+        if missing:
+            raise ValueError(
+                f"stack_layers: {stack} lacks {', '.join(missing)} ({n} layers in the config {config.name!r}); "
+                "pass parameters that match the config."
+            )
+        layers = [sub.pop(f"layers_{i}") for i in range(n)]
+        sub[LAYERS_AXIS] = jax.tree_util.tree_map(lambda *xs: _stack_leaves(xs), *layers)
+        out[stack] = sub
+    return out
+
+
+def unstack_layers(config: T5Config, params: Params) -> Params:
+    """Inverse of ``stack_layers``: each stack's ``layers`` subtree [l, ...] back to ``layers_0 … layers_{l-1}``
+    (the t5x checkpoint layout). Raises ValueError for a tree that is not stacked or whose leading axes are not
+    the config's layer counts."""
+    out = dict(params)
+    for stack, n in _stacks(config):
+        sub = dict(params[stack])
+        if LAYERS_AXIS not in sub:
+            raise ValueError(f"unstack_layers: {stack} has no {LAYERS_AXIS!r} subtree; the parameters are not stacked.")
+        layers = sub.pop(LAYERS_AXIS)
+        for leaf in jax.tree_util.tree_leaves(layers):
+            if leaf.shape[0] != n:
+                raise ValueError(
+                    f"unstack_layers: {stack}/{LAYERS_AXIS} has a leaf of leading size {leaf.shape[0]}, the config "
+                    f"{config.name!r} has {n} layers."
+                )
+        for i in range(n):
+            sub[f"layers_{i}"] = jax.tree_util.tree_map(lambda x, i=i: x[i], layers)
+        out[stack] = sub
+    return out
+
+
+def stacked_param_logical_axes(config: T5Config) -> Params:
+    """``param_logical_axes`` of the stacked tree (``stack_layers``): per-layer leaves get ``"layers"`` first,
+    e.g. ``PartitionSpec("layers", "embed", "mlp")`` for ``decoder/layers/mlp/wi_0/kernel`` [l, d, f]."""
+    axes = param_logical_axes(config)
+    is_spec = lambda x: isinstance(x, jax.sharding.PartitionSpec)  # noqa: E731
+    out = dict(axes)
+    for stack, n in _stacks(config):
+        sub = dict(axes[stack])
+        layers = [sub.pop(f"layers_{i}") for i in range(n)]
+        sub[LAYERS_AXIS] = jax.tree_util.tree_map(
+            lambda spec: jax.sharding.PartitionSpec(LAYERS_AXIS, *spec), layers[0], is_leaf=is_spec
+        )
+        out[stack] = sub
+    return out
+
+
+def stacked_logical_axes(tree):
+    """``logical_axes`` of a stacked ``Encoded`` / ``KVCache`` (``encode_scanned``, ``init_cache(stacked=True)``):
+    per-layer leaves [l, ...] get ``"layers"`` first, e.g. ``("layers", "batch", "heads", "length", "kv")``."""
+    axes = ENCODED_AXES if isinstance(tree, Encoded) else CACHE_AXES
+    stacked = lambda x, f: f if x.ndim == len(f) else (LAYERS_AXIS,) + f  # noqa: E731  (the mask is not stacked)
+    return type(tree)(*(stacked(x, f) for x, f in zip(tree, axes)))
+
+
+def _layers_of(params: Params, stack: str) -> Params:
+    layers = params[stack].get(LAYERS_AXIS) if isinstance(params.get(stack), dict) else None
+    if layers is None:
+        raise ValueError(
+            f"the scanned {stack} needs stacked parameters ({stack}/{LAYERS_AXIS}/...); make them with "
+            "specjax.models.t5.stack_layers(config, params)."
+        )
+    return layers
+
+
+def _encoder_inputs(module: "Transformer", tokens_bs):
+    """Embeddings [b, s, d], mask bool[b, s] and the shared self-attention bias float32[b, n, s, s]."""
+    mask = tokens_bs != module.config.pad_id
+    b, s = tokens_bs.shape
+    pos = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s))
+    bias = module.encoder.relpos_bias(pos, pos) + jnp.where(mask[:, None, None, :], 0.0, NEG_INF)
+    return module.token_embedder(tokens_bs), mask, bias
+
+
+def _encoder_norm(module: "Transformer", x_bsd):
+    return module.encoder.encoder_norm(x_bsd)
+
+
+def _decoder_inputs(module: "Transformer", tokens_bk, positions_b, mask_bs, cache_len: int):
+    """Embeddings [b, k, d], query positions int32[b, k], self-attention bias float32[b, n, k, L] and
+    cross-attention bias float32[b, 1, 1, s] of a window (as ``Decoder.__call__`` computes them)."""
+    b, k = tokens_bk.shape
+    query_pos = positions_b[:, None] + jnp.arange(k, dtype=jnp.int32)[None, :]  # [b, k]
+    distance = query_pos[:, :, None] - jnp.arange(cache_len, dtype=jnp.int32)  # [b, k, L]
+    column = jnp.where(distance >= 0, distance, cache_len + k)
+    table = module.decoder.relpos_bias.causal_table(cache_len + k)  # [n, L + k + 1]
+    self_bias = jnp.transpose(jnp.take(table, column, axis=1, mode="clip"), (1, 0, 2, 3))
+    cross_bias = jnp.where(mask_bs[:, None, None, :], 0.0, NEG_INF)
+    return module.token_embedder(tokens_bk), query_pos, self_bias, cross_bias
+
+
+def _decoder_head(module: "Transformer", y_bkd):
+    """Final norm and logits float32[b, k, v] (as ``Decoder.__call__``)."""
+    cfg = module.config
+    y = module.decoder.decoder_norm(y_bkd)
+    if cfg.logits_via_embedding:
+        logits = module.token_embedder.attend(y) / jnp.sqrt(jnp.asarray(y.shape[-1], jnp.float32)).astype(y.dtype)
+    else:
+        logits = module.decoder.logits_dense(y)
+    return logits.astype(jnp.float32)
+
+
+def encode_scanned(config: T5Config, params: Params, encoder_input_tokens) -> Encoded:
+    """``encode`` with the layers under ``lax.scan``: the same values, one layer's code in the program.
+
+    Args:
+      config: the model's config.
+      params: stacked parameters (``stack_layers``).
+      encoder_input_tokens: int32[b, s], right-padded with ``pad_id``.
+    Returns:
+      ``Encoded`` with stacked memory: mask bool[b, s], cross_k [l, b, n, h, s], cross_v [l, b, n, s, h]
+      (compute dtype; logical axes ``stacked_logical_axes``).
+    Raises:
+      ValueError: unstacked parameters; tokens outside the vocabulary or not a 2-D int array (when concrete).
+    """
+    _check_tokens(config, encoder_input_tokens, "encoder_input_tokens")
+    tokens = jnp.asarray(encoder_input_tokens, jnp.int32)
+    encoder_layers, decoder_layers = _layers_of(params, "encoder"), _layers_of(params, "decoder")
+    model = Transformer(config)
+    x_bsd, mask, bias = model.apply({"params": params}, tokens, method=_encoder_inputs)
+    layer = EncoderLayer(config, parent=None)
+
+    def encoder_layer(x, layer_params):
+        return layer.apply({"params": layer_params}, x, bias), None
+
+    x_bsd, _ = jax.lax.scan(encoder_layer, x_bsd, encoder_layers)
+    hidden = model.apply({"params": params}, x_bsd, method=_encoder_norm)
+    cross = DecoderLayer(config, parent=None)
+
+    def cross_memory(_, layer_params):
+        return None, cross.apply({"params": layer_params}, hidden, method=DecoderLayer.cross_kv)
+
+    _, (cross_k, cross_v) = jax.lax.scan(cross_memory, None, decoder_layers)
+    return Encoded(mask, cross_k, cross_v)
+
+
+def decode_scanned(config: T5Config, params: Params, encoded: Encoded, tokens, cache: KVCache, positions):
+    """``decode`` with the layers under ``lax.scan``: the same contract and values.
+
+    The scan carries the window's activations [b, k, d] and the whole stacked cache; layer ``i`` reads its
+    cache slice [b, n, L, h], writes the window's keys/values into it (a scatter at each row's slots, past ``L``
+    dropped) and puts it back in place (``dynamic_update_slice``), so the loop holds one cache buffer.
+
+    Args:
+      config: the model's config.
+      params: stacked parameters (``stack_layers``).
+      encoded: stacked memory (``encode_scanned``).
+      tokens: int32[b, k] decoder input tokens.
+      cache: ``KVCache`` of stacked arrays [l, b, n, L, h] (``init_cache(..., stacked=True)``).
+      positions: int32[b], the position of each row's first window token.
+    Returns:
+      (logits float32[b, k, v], updated stacked cache).
+    Raises:
+      ValueError: unstacked parameters.
+    """
+    decoder_layers = _layers_of(params, "decoder")
+    model = Transformer(config)
+    cache_len = cache.k.shape[-2]
+    x_bkd, query_pos, self_bias, cross_bias = model.apply(
+        {"params": params},
+        jnp.asarray(tokens, jnp.int32),
+        jnp.asarray(positions, jnp.int32),
+        encoded.mask,
+        cache_len,
+        method=_decoder_inputs,
+    )
+    rows = jnp.arange(x_bkd.shape[0])[:, None]
+
+    def write(cache_bnLh, new_bknh):
+        return cache_bnLh.at[rows, :, query_pos].set(new_bknh.astype(cache_bnLh.dtype), mode="drop")
+
+    layer = DecoderLayer(config, parent=None)
+
+    def decoder_layer(carry, xs):
+        x, cache_k, cache_v = carry  # [b, k, d], [l, b, n, L, h] x 2
+        layer_params, cross_k, cross_v, i = xs
+        layer_k = jax.lax.dynamic_index_in_dim(cache_k, i, 0, keepdims=False)
+        layer_v = jax.lax.dynamic_index_in_dim(cache_v, i, 0, keepdims=False)
+        x, (layer_k, layer_v) = layer.apply(
+            {"params": layer_params}, x, (layer_k, layer_v), self_bias, (cross_k, cross_v), cross_bias, write
+        )
+        cache_k = jax.lax.dynamic_update_index_in_dim(cache_k, layer_k, i, 0)
+        cache_v = jax.lax.dynamic_update_index_in_dim(cache_v, layer_v, i, 0)
+        return (x, cache_k, cache_v), None
+
+    index = jnp.arange(config.num_decoder_layers, dtype=jnp.int32)
+    (x_bkd, cache_k, cache_v), _ = jax.lax.scan(
+        decoder_layer, (x_bkd, cache.k, cache.v), (decoder_layers, encoded.cross_k, encoded.cross_v, index)
+    )
+    return model.apply({"params": params}, x_bkd, method=_decoder_head), KVCache(cache_k, cache_v)
+
+
+# ----------------------------------------------------------------------------------------------------------
 # The user-facing model object
 
 
@@ -824,8 +1107,14 @@ class T5Model:
         cfg = self.config.replace(dtype=dtype, param_dtype=dtype)
         return T5Model(cfg, jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype), self.params))
 
-    def decoding_model(self):
+    def decoding_model(self, scan_layers: bool | None = None):
         """``(DecodingModel, params)``: how the decode loops see this model (``specjax.models.adapter``).
+
+        ``scan_layers``: run the layers under ``lax.scan`` (``T5Decoding.scan_layers``), with the parameters
+        handed over stacked (``stack_layers``: a copy of the layers' weights, made on the first call and kept on
+        this object). None (the default) scans for programs compiled for TPU / GPU (the devices or sharding of
+        the parameters: compile time and program size no longer grow with depth) and keeps the layers unrolled
+        on CPU, where they run faster (``benchmarks/results/scan``), and for traced parameters.
 
         The parameters are ``self.params``, except on a CPU for a bfloat16 / float16 model with its own logits
         kernel (T5 1.1; not ``logits_via_embedding``): there ``token_embedder/embedding`` [v, d] is handed over
@@ -847,7 +1136,26 @@ class T5Model:
         """
         from specjax.models.adapter import T5Decoding
 
-        return T5Decoding(self.config, kv_dtype=self._decode_kv_dtype()), self._decode_params()
+        scan = self._decode_scan_layers() if scan_layers is None else bool(scan_layers)
+        decoding = T5Decoding(self.config, kv_dtype=self._decode_kv_dtype(), scan_layers=scan)
+        return decoding, (self._decode_stacked_params() if scan else self._decode_params())
+
+    def _decode_scan_layers(self) -> bool:
+        """True when the decode program is compiled for a TPU / GPU (see ``decoding_model``): concrete or abstract
+        parameters placed off CPU. Reads the config and one parameter."""
+        table = self.params.get("token_embedder", {}).get("embedding") if isinstance(self.params, dict) else None
+        return table is not None and not isinstance(table, jax.core.Tracer) and not _on_cpu(table)
+
+    def _decode_stacked_params(self) -> Params:
+        """``_decode_params()`` with the layers stacked (``stack_layers``), made once and kept (traced: every call)."""
+        cached = self.__dict__.get("_decode_stacked_params_cache")
+        if cached is not None:
+            return cached
+        params = self._decode_params()
+        stacked = stack_layers(self.config, params)
+        if not any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(params)):
+            object.__setattr__(self, "_decode_stacked_params_cache", stacked)  # frozen dataclass: a cache
+        return stacked
 
     def _decode_kv_dtype(self) -> str | None:
         """ "float32" on CPU for a bfloat16 / float16 model (see ``T5Decoding.kv_dtype``), else None. Called on
@@ -873,17 +1181,27 @@ class T5Model:
             or not _on_cpu(table)
         ):
             return params
-        embedder = dict(params["token_embedder"], embedding=jnp.asarray(table, jnp.float32))
+        if isinstance(table, jax.ShapeDtypeStruct):  # abstract parameters (ahead of time): the copy's shape
+            copy = jax.ShapeDtypeStruct(table.shape, jnp.float32, sharding=table.sharding)
+        else:
+            copy = jnp.asarray(table, jnp.float32)
+        embedder = dict(params["token_embedder"], embedding=copy)
         decode_params = dict(params, token_embedder=embedder)
         object.__setattr__(self, "_decode_params_cache", decode_params)  # frozen dataclass: a cache, not a field
         return decode_params
 
 
 def _on_cpu(x) -> bool:
-    """True when the array lives on CPU devices (a NumPy array: when JAX's default backend is the CPU)."""
+    """True when the program reading ``x`` runs on CPU devices: those a ``jax.Array`` lives on, or those of an
+    abstract array's sharding (``jax.ShapeDtypeStruct(..., sharding=)``, e.g. parameters of a TPU program compiled
+    ahead of time on a CPU host: ``specjax.aot``); a NumPy array or an abstract one without a sharding: when
+    JAX's default backend is the CPU."""
     devices = getattr(x, "devices", None)
     if callable(devices):
         return all(d.platform == "cpu" for d in devices())
+    device_set = getattr(getattr(x, "sharding", None), "device_set", None)
+    if device_set:
+        return all(d.platform == "cpu" for d in device_set)
     return jax.default_backend() == "cpu"
 
 
