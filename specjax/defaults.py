@@ -29,8 +29,10 @@ __all__ = [
     "DEMO_DTYPES",
     "DEMO_GAMMA",
     "PAIRS",
+    "PAIR_ALPHA",
     "default_size",
     "pair_dir",
+    "pair_dtypes",
     "load_default_pair",
     "demo_sentences",
 ]
@@ -107,6 +109,25 @@ DEMO_GAMMA = {"mini": 3, "small": 5}
 # target's verification windows run on YNNPACK's bfloat16 kernels, its draft's one-row steps in float32
 # (``load_default_pair``'s ``dtype`` / ``draft_dtype``; benchmarks/dtype_loops.py).
 DEMO_DTYPES = {"mini": ("float32", "float32"), "small": ("bfloat16", "float32")}
+# The recorded α (temperature 0, temperature 1) of each shipped (size, draft) pair on Multi30k test lines
+# (docs/training.md): the prior of ``specjax.Decoder``'s running α (``gamma="auto"``). The small reference draft has no
+# recorded α (the Decoder's default prior, 0.6, serves it).
+PAIR_ALPHA = {
+    ("mini", "distilled"): (0.670, 0.592),
+    ("mini", "reference"): (0.552, 0.531),
+    ("small", "distilled"): (0.770, 0.748),
+}
+
+
+def pair_dtypes(size: str, dtype: str = "auto", draft_dtype: str | None = None) -> tuple[str, str, str]:
+    """(target dtype, draft dtype, reason) a shipped pair loads in: "auto" resolves to ``DEMO_DTYPES[size]`` on a
+    CPU with native bfloat16 dots (avx512_bf16 / amx_bf16) or an accelerator's bfloat16, else float32 for both
+    (``specjax.hardware.resolve_dtypes``); explicit dtypes win. Raises ValueError for an unknown size or dtype."""
+    from specjax.hardware import resolve_dtypes
+
+    if size not in PAIRS:
+        raise ValueError(f"size must be one of {tuple(PAIRS)}, got {size!r}.")
+    return resolve_dtypes(dtype, draft_dtype, DEMO_DTYPES[size])
 
 
 def default_size() -> str:
@@ -123,23 +144,26 @@ def default_size() -> str:
 
 
 def load_default_pair(
-    draft: str = "distilled", dtype: str = "float32", size: str | None = None, draft_dtype: str | None = None
+    draft: str = "distilled", dtype: str = "auto", size: str | None = None, draft_dtype: str | None = None
 ):
     """Loads a shipped English→German pair.
 
     Args:
       draft: "distilled" (DistillSpec draft, trained on the target's outputs and distributions; the
         default) or "reference" (the same draft architecture trained on references only).
-      dtype: compute and parameter dtype of the target ("float32" or "bfloat16"; the files are bfloat16).
+      dtype: compute and parameter dtype of the target: "auto" (the default: ``pair_dtypes``, the fastest path for
+        this machine: the files' bfloat16 where the CPU has native bfloat16 dots or on TPU/GPU, else float32,
+        upcast once at load), "float32" or "bfloat16" (the files are bfloat16).
         On CPU the target alone is fastest in float32, speculative sampling with the small pair in
         bfloat16 (its verification windows run on YNNPACK's bfloat16 kernels: ``decoding/xla_cpu.py``);
         greedy speculative output equals the target's bit for bit in float32, and up to bfloat16 rounding
         (a window and a step round differently: a near-tie may go the other way) in bfloat16.
       size: "mini" (target 13.5M parameters, drafts 1.45M) or "small" (target 46.0M, distilled draft 4.28M,
         reference draft 4.94M); None: ``default_size()``.
-      draft_dtype: the draft's dtype; None: ``dtype``. A float32 draft beside a bfloat16 target was the
-        fastest speculative pairing on CPU (one-row float32 dots beat bfloat16's there); the draft's dtype
-        never changes what the output's distribution is, only how often its proposals are accepted.
+      draft_dtype: the draft's dtype; None: ``dtype`` (with "auto": the pair's auto draft dtype). A float32
+        draft beside a bfloat16 target was the fastest speculative pairing on CPU (one-row float32 dots beat
+        bfloat16's there); the draft's dtype never changes what the output's distribution is, only how often
+        its proposals are accepted.
     Returns:
       (target ``T5Model``, draft ``T5Model``, ``Tokenizer``). Both models read raw English sentences
       (no task prefix); the vocabulary is the shipped ``spiece.model`` (8000 pieces, pad 0, eos 1, unk 2).
@@ -155,8 +179,9 @@ def load_default_pair(
     size = default_size() if size is None else size
     pair = pair_dir(size)
     target_dir, draft_dir = pair / "target", pair / f"draft_{draft}"
+    dtype, draft_dtype, _ = pair_dtypes(size, dtype, draft_dtype)
     target = load_checkpoint(target_dir, dtype=dtype)
-    draft_model = load_checkpoint(draft_dir, dtype=dtype if draft_dtype is None else draft_dtype)
+    draft_model = load_checkpoint(draft_dir, dtype=draft_dtype)
     tokenizer = Tokenizer(str(pair / "spiece.model"), extra_ids=0)
     return target, draft_model, tokenizer
 

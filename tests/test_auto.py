@@ -1,0 +1,226 @@
+"""Tests of ``gamma="auto"`` (``specjax.Decoder``) and the machine-dependent defaults (``specjax.hardware``).
+
+The choice of γ never changes what is sampled: greedy output equals the target alone on 96 Multi30k lines while
+γ changes between calls, and samples at temperature 1 match the target's exact sequence distribution
+(enumeration on a tiny vocabulary; chi-square at significance 0.001, fixed seeds) while γ changes between calls.
+The choice follows its model (the argmax of the paper's formula over measured costs); the cost cache round-trips
+and is keyed by the machine; a CPU without native bfloat16 dots gets the float32 path.
+"""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+from test_decoding import SIGNIFICANCE, _chi_square, _exact_sequence_distribution, _inputs, _perturbed, tiny_pair
+
+import specjax
+from specjax import bench, hardware, temperature_sample
+from specjax.decoder import Costs, Decoder, expected_tokens
+from specjax.sampling import Sampler
+
+
+def _flat_costs(step, window, draft, encode=0.0, gammas=8) -> Costs:
+    """Costs with a one-token target step ``step``, every window ``window`` and draft step ``draft`` (seconds)."""
+    return Costs((step,) + (window,) * gammas, (0.0,) + (draft,) * gammas, (encode,) + (encode + encode / 10,) * gammas)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Exactness while γ changes between calls
+
+
+def test_auto_greedy_equals_target_alone_on_96_multi30k_lines_while_gamma_changes(data_dir):
+    """Mini pair in float32: 6 batches of 16 Multi30k test lines through one Decoder whose γ is forced to
+    0, 3, 8 in turn; every batch equals greedy ``temperature_sample`` token for token."""
+    target, draft, tok = specjax.load_default_pair(size="mini", dtype="float32")
+    lines = (data_dir / "train" / "multi30k" / "test_2016_flickr.en").read_text().splitlines()[:96]
+    batches = bench.pad_batches([tok.encode(line) for line in lines], batch_size=16)
+    decoder = Decoder(target, draft, gamma="auto", max_decode_length=48, cost_cache=False)
+    schedule = (0, 3, 8)
+    for j, x in enumerate(batches):
+        gamma = schedule[j % len(schedule)]
+        r = decoder(x, rng=jax.random.PRNGKey(j), temperature=0.0, gamma=gamma)
+        assert decoder.last_choice.gamma == gamma
+        base = temperature_sample(target, x, rng=jax.random.PRNGKey(j), max_decode_length=48, temperature=0.0)
+        np.testing.assert_array_equal(np.asarray(r.sequences), np.asarray(base.sequences))
+        np.testing.assert_array_equal(np.asarray(r.lengths), np.asarray(base.lengths))
+    assert [h[0] for h in decoder.history] == [schedule[j % 3] for j in range(len(batches))]
+    # α was learned from the speculative calls only (the target alone verifies nothing): between 0 and 1, away
+    # from the prior after 4 calls of 16 rows.
+    assert 0.3 < decoder.alpha(1.0) < 0.95
+
+
+def test_auto_samples_match_the_target_distribution_while_gamma_changes(tiny_pair):
+    """Tiny T5 pair (vocabulary 6, 4 tokens): 6 calls of 5,000 rows at temperature 1 through one Decoder, γ
+    changed by the choice itself between calls (its cost table is replaced before each call so that a
+    different γ — 0, 1, 3, 6 — is the argmax); the 30,000 samples against the target's exact sequence
+    distribution, chi-square at significance 0.001."""
+    target = tiny_pair[0]
+    draft = _perturbed(target, 0.3, seed=2)  # a close draft: α well inside (0, 1)
+    max_len, rows = 4, 5_000
+    inputs = _inputs(np.random.default_rng(5), 1, 5, 6)
+    dist = _exact_sequence_distribution(target, inputs, Sampler(temperature=1.0), max_len)
+    decoder = Decoder(target, draft, gamma="auto", max_decode_length=max_len, cost_cache=False)
+    tables = {  # γ -> costs whose argmax is that γ at any α in (0, 1)
+        0: _flat_costs(1.0, 1.0, 1.0),  # the draft costs as much as the target: no draft
+        1: Costs((1.0,) + (1.0,) + (9.0,) * 7, (0.0,) + (0.01,) * 8, (0.0,) * 9),
+        3: Costs((1.0,) + (1.0,) * 3 + (9.0,) * 5, (0.0,) + (0.01,) * 8, (0.0,) * 9),
+        6: Costs((1.0,) + (1.0,) * 6 + (9.0,) * 2, (0.0,) + (0.0001,) * 8, (0.0,) * 9),
+    }
+    observed, ran = {}, []
+    for c, gamma in enumerate((0, 1, 3, 6, 3, 1)):
+        decoder.costs[rows] = tables[gamma]
+        decoder._residuals.clear()  # residuals of real calls against these made-up seconds would be meaningless
+        r = decoder(np.tile(inputs, (rows, 1)), rng=jax.random.PRNGKey(500 + c), temperature=1.0)
+        ran.append(decoder.last_choice.gamma)
+        print(decoder.last_choice.describe())
+        for seq, n in zip(np.asarray(r.sequences), np.asarray(r.lengths)):
+            key = (0, tuple(seq[:n].tolist()))
+            observed[key] = observed.get(key, 0) + 1
+    assert ran == [0, 1, 3, 6, 3, 1]
+    assert 0.05 < decoder.alpha(0.0) < 0.95  # both acceptance and rejection exercised
+    result, bins = _chi_square(observed, dist, {0: 6 * rows})
+    print(f"\nauto γ {ran}: bins={bins} chi2={result.statistic:.1f} p={result.pvalue:.3f}")
+    assert result.pvalue > SIGNIFICANCE
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The choice follows its model
+
+
+@pytest.mark.parametrize("alpha", [0.3, 0.6, 0.8, 0.95])
+def test_choice_is_the_argmax_of_the_formula(tiny_pair, alpha):
+    """Given costs and α, the choice is the γ maximising n·b / (encode + n / E(α, γ) · iteration(γ)), with
+    E(α, γ) = (1 − α^(γ+1)) / (1 − α) (Leviathan et al. 2023, §3.1), computed here independently."""
+    target, draft = tiny_pair
+    window = [0.010, 0.012, 0.013, 0.015, 0.018, 0.020, 0.024, 0.027, 0.030]  # seconds, window of γ + 1 tokens
+    costs = Costs(tuple(window), (0.0,) + (0.0015,) * 8, (0.002,) + (0.0025,) * 8)
+    decoder = Decoder(target, draft, max_decode_length=40, alpha_prior=alpha, cost_cache=False, costs={4: costs})
+    choice = decoder.choose(np.ones((4, 5), np.int32), temperature=0.0)
+    n = 20.0  # the decoder's prior for the longest row: max_decode_length / 2
+
+    def tokens_per_second(g):
+        e = 1.0 if g == 0 else (1 - alpha ** (g + 1)) / (1 - alpha)
+        return 4 * n / (costs.encode[g] + n / e * (window[g] + g * costs.draft[g]))
+
+    want = max(range(9), key=tokens_per_second)
+    assert choice.gamma == want
+    for g in range(9):
+        assert choice.predicted[g] == pytest.approx(tokens_per_second(g), rel=1e-9)
+        assert expected_tokens(alpha, g) == pytest.approx(1 if g == 0 else (1 - alpha ** (g + 1)) / (1 - alpha))
+    assert choice.alpha == pytest.approx(alpha)
+    assert "auto" in choice.reason and str(want) in choice.reason
+
+
+def test_no_draft_when_the_draft_costs_as_much_as_the_target(tiny_pair):
+    """A draft step as dear as a target step: γ 0 (the target alone) at any α below 1."""
+    target, draft = tiny_pair
+    for alpha in (0.5, 0.9, 0.99):
+        decoder = Decoder(
+            target, draft, max_decode_length=40, alpha_prior=alpha, cost_cache=False, costs={1: _flat_costs(1, 1, 1)}
+        )
+        assert decoder.choose(np.ones((1, 5), np.int32), 0.0).gamma == 0
+
+
+def test_alpha_is_learned_separately_for_greedy_and_sampled_rows(tiny_pair):
+    """α starts at the prior (a pair's recorded one, else 0.6) and moves with each call's rows by temperature:
+    greedy rows move the greedy α only."""
+    target, draft = tiny_pair
+    decoder = Decoder(target, draft, gamma=3, max_decode_length=4, cost_cache=False)
+    assert decoder.alpha_prior == (0.6, 0.6)
+    x = np.tile(_inputs(np.random.default_rng(3), 1, 5, 6), (64, 1))
+    r = decoder(x, temperature=0.0)
+    greedy = float(np.sum(r.beta_sum) / np.sum(r.num_verified))
+    assert decoder.alpha(0.0) == pytest.approx(0.6)  # sampled rows: untouched
+    assert min(greedy, 0.6) <= decoder.alpha(1.0) <= max(greedy, 0.6)
+    assert decoder.last_choice.reason == "fixed γ 3"
+
+
+def test_shipped_pairs_recorded_alpha_is_the_prior():
+    target, draft, _ = specjax.load_default_pair("distilled", size="mini", dtype="float32")
+    assert Decoder(target, draft, max_decode_length=8, cost_cache=False).alpha_prior == (0.670, 0.592)
+    _, reference, _ = specjax.load_default_pair("reference", size="mini", dtype="float32")
+    assert Decoder(target, reference, max_decode_length=8, cost_cache=False).alpha_prior == (0.552, 0.531)
+
+
+def test_gamma_zero_is_the_target_alone_and_bad_gammas_are_refused(tiny_pair):
+    target, draft = tiny_pair
+    x = np.tile(_inputs(np.random.default_rng(4), 1, 5, 6), (3, 1))
+    r = Decoder(target, draft, gamma=0, max_decode_length=4, cost_cache=False)(x, temperature=0.0)
+    base = temperature_sample(target, x, max_decode_length=4, temperature=0.0)
+    np.testing.assert_array_equal(np.asarray(r.sequences), np.asarray(base.sequences))
+    assert int(np.sum(r.num_draft_tokens)) == 0
+    with pytest.raises(ValueError, match="'auto' or an int >= 0"):
+        Decoder(target, draft, gamma=-1, max_decode_length=4)
+    with pytest.raises(ValueError, match="needs a draft"):
+        Decoder(target, None, gamma=3, max_decode_length=4)
+    assert Decoder(target, None, max_decode_length=4, cost_cache=False).choose(x, 0.0).gamma == 0
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The cost cache and the machine
+
+
+def test_cost_cache_round_trips_and_is_keyed_by_the_machine(tmp_path, monkeypatch, tiny_pair):
+    """Costs measured once are read back from ``$SPECJAX_CACHE_DIR/costs.json`` by a new Decoder (nothing
+    measured again); another CPU (other flags) gets another key."""
+    monkeypatch.setenv("SPECJAX_CACHE_DIR", str(tmp_path))
+    target, draft = tiny_pair
+    x = np.tile(_inputs(np.random.default_rng(4), 1, 5, 6), (2, 1))
+    first = Decoder(target, draft, max_decode_length=4, candidates=(0, 1, 2))
+    costs = first.costs_for(x)
+    assert costs.max_gamma == 2 and all(t > 0 for t in costs.step) and costs.draft[0] == 0.0
+    stored = json.loads((tmp_path / "costs.json").read_text())
+    assert len(stored) == 1 and Costs.from_json(next(iter(stored.values()))) == costs
+
+    import specjax.decoder as decoder_module
+
+    def no_measuring(*a, **k):
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(decoder_module, "measure_costs", no_measuring)
+    second = Decoder(target, draft, max_decode_length=4, candidates=(0, 1, 2))
+    assert second.costs_for(x) == costs
+    key = second._cost_key(x)
+    real = hardware.cpu_info()
+    monkeypatch.setattr(hardware, "cpu_info", lambda: hardware.CpuInfo(real.model, frozenset({"avx2"}), real.cores))
+    assert second._cost_key(x) != key
+    with pytest.raises(AssertionError, match="measured again"):
+        Decoder(target, draft, max_decode_length=4, candidates=(0, 1, 2)).costs_for(x)
+
+
+def test_dtype_auto_upcasts_bfloat16_on_an_avx2_only_cpu(monkeypatch):
+    """dtype "auto": bfloat16 stays bfloat16 on a CPU with avx512_bf16 or amx_bf16 (the pair's preferred
+    dtypes); on an AVX2-only CPU both models load in float32; explicit dtypes win; TPU/GPU keep bfloat16."""
+    from specjax import defaults
+
+    def cpu(flags):
+        monkeypatch.setattr(hardware, "cpu_info", lambda: hardware.CpuInfo("Test CPU", frozenset(flags), 2))
+
+    cpu({"avx2", "fma"})
+    assert hardware.auto_dtypes(("bfloat16", "float32"), "cpu")[0] == ("float32", "float32")
+    assert defaults.pair_dtypes("small")[:2] == ("float32", "float32")
+    assert "no native bfloat16 dots" in defaults.pair_dtypes("small")[2]
+    assert defaults.pair_dtypes("small", "bfloat16")[:2] == ("bfloat16", "bfloat16")
+    target, draft, _ = specjax.load_default_pair(size="mini")
+    assert (target.config.dtype, draft.config.dtype) == ("float32", "float32")
+    for flag in hardware.BF16_DOT_FLAGS:
+        cpu({"avx2", "avx512f", flag})
+        assert hardware.native_bf16_dots()
+        assert hardware.auto_dtypes(("bfloat16", "float32"), "cpu")[0] == ("bfloat16", "float32")
+    assert defaults.pair_dtypes("small")[:2] == ("bfloat16", "float32")
+    assert defaults.pair_dtypes("mini")[:2] == ("float32", "float32")  # its decoder fits the L3 cache
+    assert hardware.auto_dtypes(("bfloat16", "float32"), "tpu")[0] == ("bfloat16", "bfloat16")
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        defaults.pair_dtypes("small", "float64")
+
+
+def test_cpu_info_reads_model_and_flags(tmp_path):
+    f = tmp_path / "cpuinfo"
+    f.write_text(
+        "processor\t: 0\nmodel name\t: Some CPU 9000\nflags\t\t: fpu avx2 AVX512F avx512_bf16\n\nprocessor\t: 1\n"
+    )
+    model, flags = hardware._read_cpuinfo(str(f))
+    assert model == "Some CPU 9000" and {"avx2", "avx512f", "avx512_bf16"} <= flags
+    info = hardware.CpuInfo(model, flags, 2)
+    assert hardware.native_bf16_dots(info) and info.describe() == "Some CPU 9000, 2 cores, avx2 avx512f avx512_bf16"
