@@ -12,7 +12,7 @@ import importlib
 import sys
 
 # Subcommand name -> module under specjax.cli. Order is the order shown in --help.
-SUBCOMMANDS = ("demo", "translate", "generate", "convert", "train", "bench")
+SUBCOMMANDS = ("demo", "translate", "generate", "convert", "train", "bench", "aot")
 
 
 def add_decoding_args(

@@ -1,0 +1,198 @@
+"""The paper's TPU setup compiled and costed ahead of time: T5 1.1 XXL (bfloat16) with T5 1.1 small / base / large
+drafts for TPU v4 / v5e slices, on a CPU host without a TPU (``specjax.aot``; needs ``pip install
+'specjax[tpu-aot]'``).
+
+For each slice (one v4 chip, v4-8 with model:4, v5e-8 with model:8, v4-32 with data:4,model:4): the whole
+``speculative_sample`` (small draft) and ``temperature_sample`` programs as ``model_parallel_sample`` runs them
+(γ 7, batch 1, 512 input / 128 output tokens, greedy), then the pieces (target step, windows for γ 3 / 5 / 7,
+each draft's step), c, window / step and the paper's Table 2 projected. Times are XLA's cost model, not a
+measurement. Compile times are this host's (say which CPU and whether it was loaded when quoting them).
+
+Usage:
+  python benchmarks/tpu_aot.py [--only v4-8,v4-1] [--drafts small,base,large] [--no-base-program]
+      [--before PATH.json ...] [--out benchmarks/results/tpu_aot/2026-12-06_xxl]
+Writes ``OUT.md`` (tables) and ``OUT.json`` (the reports, no HLO).
+``--before``: JSON files written by an earlier run (e.g. the unrolled layers) whose compile times and code sizes
+are shown beside this run's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from specjax import aot  # noqa: E402
+
+RUNS = (("v4-1", None), ("v4-8", "data:1,model:4"), ("v5e-8", "data:1,model:8"), ("v4-32", "data:4,model:4"))
+DRAFTS = {"small": "t5_1_1_small", "base": "t5_1_1_base", "large": "t5_1_1_large"}
+
+
+def _host() -> str:
+    model = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return f"{model}, {os.cpu_count()} cores, load average {load:.1f} at the start ({platform.machine()})"
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return "?"
+
+
+def _program(report: dict, name: str) -> dict | None:
+    return next((p for p in report["programs"] if p["name"] == name), None)
+
+
+def _markdown(reports: list[dict], before: list[dict], host: str) -> str:
+    lines = [
+        "# T5 1.1 XXL speculative decoding compiled for TPU ahead of time (no TPU; `specjax aot`)",
+        "",
+        f"Compiled on: {host}; commit {_commit()}. Target T5 1.1 XXL bfloat16, γ 7, batch 1, 512 input / 128 output "
+        "tokens, temperature 0, token verification. Times per piece are **XLA's cost model** (cost_analysis flops "
+        "and bytes over the chip's peak bf16 FLOP/s and HBM bandwidth), not a measurement.",
+        "",
+        "## Whole programs (small draft)",
+        "",
+        "| slice, mesh | program | compile s | code MB | per device GB: arguments + temporaries (of HBM) | "
+        "decode loops | collectives per iteration | host transfers |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in reports:
+        if r["draft"] != "t5_1_1_small":
+            continue
+        for p in r["programs"]:
+            where = f"{r['topology']} data:{r['mesh']['data']},model:{r['mesh']['model']}"
+            if not p["compiled"]:
+                lines.append(f"| {where} | {p['name']} | failed: {p['error'].splitlines()[0][:120]} | | | | | |")
+                continue
+            m, loop = p["bytes_per_device"], p.get("loop", {})
+            coll = ", ".join(
+                f"{op} {v['count']} ({v['bytes'] / 1e6:.2f} MB)" for op, v in loop.get("collectives", {}).items()
+                if v["count"]
+            ) or "none"  # fmt: skip
+            host_ops = loop.get("host_transfers", []) + loop.get("host_callbacks", [])
+            lines.append(
+                f"| {where} | {p['name']} | {p['compile_seconds']:.1f} | {p['generated_code_bytes'] / 1e6:.1f} | "
+                f"{m['arguments'] / 1e9:.2f} + {m['temporaries'] / 1e9:.2f} ({p['hbm_bytes'] / 2**30:.0f} GiB) | "
+                f"{loop.get('decode_loops')} | {coll} | {', '.join(host_ops) or 'none'} |"
+            )
+    if before:
+        lines += [
+            "",
+            "## Before / after (speculative_sample, small draft; same host)",
+            "",
+            "| slice, mesh | before: compile s | before: code MB | after: compile s | after: code MB |",
+            "|---|---|---|---|---|",
+        ]
+        for b in before:
+            pb = _program(b, "speculative_sample")
+            key = (b["topology"], b["mesh"], b["draft"])
+            after = next((r for r in reports if (r["topology"], r["mesh"], r["draft"]) == key), None)
+            pa = after and _program(after, "speculative_sample")
+            if not pb or not pb["compiled"]:
+                continue
+            a_s = (
+                f"{pa['compile_seconds']:.1f} | {pa['generated_code_bytes'] / 1e6:.1f}"
+                if pa and pa["compiled"]
+                else "— | —"
+            )
+            lines.append(
+                f"| {b['topology']} data:{b['mesh']['data']},model:{b['mesh']['model']} | "
+                f"{pb['compile_seconds']:.1f} | {pb['generated_code_bytes'] / 1e6:.1f} | {a_s} |"
+            )
+    lines += [
+        "",
+        "## Pieces, c and window / step (XLA's cost model)",
+        "",
+        "| slice | target step ms (floor) | window γ 7 ms | window / step γ 3, 5, 7 | draft | draft step ms | c | "
+        "paper c |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in reports:
+        pieces = r.get("pieces") or {}
+        step, window, draft = (pieces.get(k, {}) for k in ("target_step", "target_window", "draft_step"))
+        if not step.get("compiled"):
+            continue
+        ws = ", ".join(f"{v:.3f}" for _, v in sorted(r.get("window_over_step_by_gamma", {}).items()))
+        lines.append(
+            f"| {r['topology']} | {step['estimate_seconds'] * 1e3:.2f} ({step['floor_seconds'] * 1e3:.2f}) | "
+            f"{window.get('estimate_seconds', 0) * 1e3:.2f} | {ws} | {r['draft']} | "
+            f"{draft.get('estimate_seconds', 0) * 1e3:.3f} | {r['c']:.4f} | {r.get('paper_c')} |"
+        )
+    lines += [
+        "",
+        "## The paper's Table 2 projected: (1 - α^(γ+1)) / ((1 - α)(γc + w)), the paper's α, this c and w",
+        "",
+        "| slice | task | draft | T | γ | paper α | paper speedup | Table 4 expectation | projected |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in reports:
+        for p in r.get("projections", []):
+            lines.append(
+                f"| {r['topology']} | {p['task']} | {p['draft']} | {p['temperature']} | {p['gamma']} | "
+                f"{p['paper_alpha']} | {p['paper_speedup']}x | {p['paper_expected']}x | {p['projected_speedup']:.2f}x |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", default=None, help="comma-separated slices (default: all four)")
+    parser.add_argument("--drafts", default="small,base,large")
+    parser.add_argument("--programs", default="speculative_sample,temperature_sample")
+    parser.add_argument("--no-pieces", action="store_true")
+    parser.add_argument("--before", nargs="*", default=[], help="earlier JSON outputs to compare compile times with")
+    parser.add_argument("--out", default="benchmarks/results/tpu_aot/2026-12-06_xxl")
+    args = parser.parse_args(argv)
+    aot.require_libtpu()
+    host = _host()
+    only = None if args.only is None else set(args.only.split(","))
+    reports = []
+    for topology, mesh in RUNS:
+        if only is not None and topology not in only:
+            continue
+        reuse = None
+        for i, draft in enumerate(args.drafts.split(",")):
+            start = time.perf_counter()
+            report = aot.compile_report(
+                topology,
+                "t5_1_1_xxl",
+                DRAFTS[draft],
+                mesh=mesh,
+                programs=tuple(p for p in args.programs.split(",") if p) if i == 0 else (),
+                pieces=not args.no_pieces,
+                reuse_pieces=reuse,
+                log=lambda line: print(time.strftime("%H:%M:%S"), line, flush=True),
+            )
+            report["wall_seconds"] = round(time.perf_counter() - start, 1)
+            reuse = report.get("pieces")
+            reports.append(report)
+            os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+            with open(args.out + ".json", "w") as f:
+                json.dump({"host": host, "commit": _commit(), "reports": reports}, f, indent=1)
+    before = []
+    for path in args.before:
+        with open(path) as f:
+            data = json.load(f)
+        before += data["reports"] if "reports" in data else [data]
+    with open(args.out + ".md", "w") as f:
+        f.write(_markdown(reports, before, host))
+    print(f"wrote {args.out}.md and {args.out}.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

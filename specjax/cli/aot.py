@@ -1,0 +1,80 @@
+"""``specjax aot``: compile the decode programs for a TPU slice on this host (no TPU, no weights) and report
+their memory per device, XLA's cost model of each loop piece, c, and the paper's Table 2 projected with them.
+
+Needs libtpu (``pip install 'specjax[tpu-aot]'``); without it the command says so and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def add_parser(subparsers) -> None:
+    """Registers ``aot`` and its arguments."""
+    p = subparsers.add_parser(
+        "aot",
+        help="compile for a TPU topology ahead of time (no TPU needed) and report memory and costs",
+        description="Compile speculative_sample and temperature_sample exactly as model_parallel_sample / "
+        "data_parallel_sample run them, and the loop's pieces (target step, verification window, draft step), "
+        "for a named TPU slice, with abstract weights, on this host. Reports memory per device against the "
+        "chip's HBM, XLA's cost model of each piece (flops and bytes over the chip's peak and bandwidth: a model, "
+        "not a measurement), c = draft step / target step, window / step, the paper's Table 2 projected, and "
+        "the collectives per loop iteration. Needs libtpu: pip install 'specjax[tpu-aot]'.",
+    )
+    p.add_argument("--topology", required=True, help="TPU slice: v4-1 (one v4 chip), v4-8, v4-32, v5e-8, v5p-8 …")
+    p.add_argument("--target", default="t5_1_1_xxl", help="T5 preset or checkpoint dir / config.json (no weights)")
+    p.add_argument("--draft", default="t5_1_1_small", help="draft preset or config; 'none': the target alone")
+    p.add_argument("--gamma", type=int, default=7, help="draft tokens per iteration (default 7)")
+    p.add_argument("--batch", type=int, default=1, help="rows per call (default 1)")
+    p.add_argument("--input-length", type=int, default=512, help="encoder tokens, padded width (default 512)")
+    p.add_argument("--output-length", type=int, default=128, help="max_decode_length in tokens (default 128)")
+    p.add_argument("--temperature", type=float, default=0.0, choices=(0.0, 1.0), help="0 greedy (default) or 1")
+    p.add_argument("--verifier", choices=("token", "block"), default="token", help="verification (default token)")
+    p.add_argument("--mesh", default=None, help="data:N,model:M (default: the smallest model split that fits)")
+    p.add_argument("--data-parallel", action="store_true", help="data_parallel_sample's program (weights replicated)")
+    p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="weights and compute")
+    p.add_argument(
+        "--programs",
+        default="speculative_sample,temperature_sample",
+        help="whole programs to compile, comma-separated, or 'none' (default: both)",
+    )
+    p.add_argument("--no-pieces", action="store_true", help="skip the per-piece programs and the projections")
+    p.add_argument("--json", default=None, metavar="PATH", help="also write the report as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    """Compiles and prints the report; 2 when libtpu is missing or the configuration does not fit."""
+    from specjax import aot
+
+    try:
+        aot.require_libtpu()
+        report = aot.compile_report(
+            args.topology,
+            args.target,
+            None if args.draft.lower() == "none" else args.draft,
+            gamma=args.gamma,
+            batch=args.batch,
+            input_length=args.input_length,
+            output_length=args.output_length,
+            temperature=args.temperature,
+            verification=args.verifier,
+            mesh=args.mesh,
+            dtype=args.dtype,
+            data_parallel=args.data_parallel,
+            programs=() if args.programs == "none" else tuple(x.strip() for x in args.programs.split(",")),
+            pieces=not args.no_pieces,
+            log=lambda line: print(line, file=sys.stderr, flush=True),
+        )
+    except aot.LibtpuMissing as e:
+        print(f"specjax aot: {e}", file=sys.stderr)
+        return 2
+    print(aot.format_report(report))
+    if args.json:
+        import json
+
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+        print(f"wrote {args.json}", file=sys.stderr)
+    failed = [p["name"] for p in report["programs"] + list(report.get("pieces", {}).values()) if not p["compiled"]]
+    return 1 if failed else 0

@@ -1,0 +1,268 @@
+"""``specjax aot``: ahead-of-time TPU compiles of the decode programs on a CPU host (tiny T5 configs only).
+
+The compile tests need libtpu (``pip install 'specjax[tpu-aot]'``) and are skipped, with that reason, without it.
+References are independent of ``specjax.aot``: parameter bytes summed by hand from ``param_logical_axes``, loop
+counts from a hand-written HLO module, memory from the shapes of the T5 1.1 XXL config.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from specjax import aot, parallel
+from specjax.config import T5Config
+from specjax.decoding import xla_cpu
+from specjax.decoding.loop import speculative_sample
+from specjax.models import t5
+
+HAVE_LIBTPU = importlib.util.find_spec("libtpu") is not None
+needs_libtpu = pytest.mark.skipif(
+    not HAVE_LIBTPU, reason=f"libtpu is not installed (the TPU compiler): {aot.INSTALL_HINT}"
+)
+
+# Every dimension, and every shard of one over 4 devices, a multiple of 128: TPU arrays are stored in (8, 128)
+# tiles, so narrower ones (d 32) would take up to 4x their bytes in padding and hide what is measured.
+TINY = T5Config.preset("t5_1_1_small").replace(
+    name="tiny",
+    vocab_size=512,
+    d_model=128,
+    num_heads=4,
+    head_dim=128,
+    mlp_dim=512,
+    num_encoder_layers=2,
+    num_decoder_layers=2,
+    dtype="bfloat16",
+    param_dtype="bfloat16",
+)
+TINY_DRAFT = TINY.replace(name="tiny_draft", num_encoder_layers=1, num_decoder_layers=1)
+SPLIT = ("heads", "joined_kv", "mlp", "vocab")  # what STANDARD_RULES put over "model"
+
+
+def _hand_param_bytes(config: T5Config, model_ways: int) -> int:
+    """Per-device bytes of ``config``'s parameters when every dimension named in ``SPLIT`` is cut ``model_ways``
+    ways (at most one per tensor), from the logical axes and shapes alone."""
+    axes = jax.tree_util.tree_leaves(t5.param_logical_axes(config), is_leaf=lambda x: isinstance(x, P))
+    shapes = jax.tree_util.tree_leaves(t5.abstract_params(config))
+    total = 0
+    for spec, x in zip(axes, shapes, strict=True):
+        ways = model_ways if any(name in SPLIT for name in spec if name) else 1
+        total += math.prod(x.shape) * np.dtype(x.dtype).itemsize // ways
+    return total
+
+
+def _tokens(b=2, s=16):
+    tokens = np.full((b, s), 3, np.int32)
+    tokens[:, -1] = 1
+    return tokens
+
+
+def _abstract(config, sharding):
+    params = jax.tree_util.tree_map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), t5.abstract_params(config)
+    )
+    return t5.T5Model(config, params)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Without a TPU compiler
+
+
+def test_no_libtpu_message(monkeypatch, capsys):
+    from specjax import cli
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(aot.importlib.util, "find_spec", lambda name, *a: None if name == "libtpu" else real(name, *a))
+    assert cli.main(["aot", "--topology", "v4-8"]) == 2
+    err = capsys.readouterr().err
+    assert "libtpu" in err and "pip install 'specjax[tpu-aot]'" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_loop_analysis_counts_a_hand_written_module():
+    hlo = """HloModule m
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+%inner_cond (p: (s32[], f32[8])) -> pred[] {
+  %p = (s32[], f32[8]) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %n = s32[] constant(3)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+%inner_body (p: (s32[], f32[8])) -> (s32[], f32[8]) {
+  %p = (s32[], f32[8]) parameter(0)
+  %x = f32[8]{0} get-tuple-element(%p), index=1
+  %r = f32[8]{0} all-reduce(%x), to_apply=%add
+  ROOT %t = (s32[], f32[8]) tuple(%i, %r)
+}
+
+%cond (p: (pred[], bf16[4,16])) -> pred[] {
+  %p = (pred[], bf16[4,16]) parameter(0)
+  %d = pred[] get-tuple-element(%p), index=0
+  %all = pred[] all-reduce(%d), to_apply=%add
+  ROOT %n = pred[] not(%all)
+}
+
+%body (p: (pred[], bf16[4,16])) -> (pred[], bf16[4,16]) {
+  %p = (pred[], bf16[4,16]) parameter(0)
+  %c = bf16[4,16]{1,0} get-tuple-element(%p), index=1
+  %g = bf16[4,64]{1,0} all-gather(%c), dimensions={1}
+  %w = (s32[], f32[8]) while(%init), condition=%inner_cond, body=%inner_body
+  %k = bf16[4,16]{1,0} copy(%c)
+  ROOT %t = (pred[], bf16[4,16]) tuple(%d, %k)
+}
+
+ENTRY %main (x: bf16[4,16]) -> (pred[], bf16[4,16]) {
+  %x = bf16[4,16]{1,0} parameter(0)
+  %scan = (s32[], f32[8]) while(%init), condition=%inner_cond, body=%inner_body
+  ROOT %loop = (pred[], bf16[4,16]) while(%x), condition=%cond, body=%body
+}
+"""
+    loop = aot.loop_analysis(hlo, cache_layer_bytes=4 * 16 * 2)
+    assert loop["top_level_whiles"] == 2 and loop["decode_loops"] == 1 and loop["layer_loops"] == [3]
+    # per iteration: the inner loop's all-reduce 3 times (f32[8]: 32 bytes) + the condition's (pred: 1 byte)
+    assert loop["collectives"]["all-reduce"] == {"count": 4, "bytes": 3 * 32 + 1}
+    assert loop["collectives"]["all-gather"] == {"count": 1, "bytes": 4 * 64 * 2}
+    assert loop["cache_copies"] == {"count": 1, "bytes": 128}
+    assert loop["host_transfers"] == [] and loop["host_callbacks"] == []
+
+
+def test_expected_speedup_is_the_papers_formula():
+    # Leviathan et al. 2023 §3, α .75, γ 7, c .02: (1 - .75^8) / (.25 * 1.14) = 3.157...
+    assert aot.expected_speedup(0.75, 7, 0.02) == pytest.approx((1 - 0.75**8) / (0.25 * (7 * 0.02 + 1)))
+    assert aot.expected_speedup(0.75, 7, 0.02, window=1.2) == pytest.approx((1 - 0.75**8) / (0.25 * (0.14 + 1.2)))
+    assert aot.expected_speedup(1.0, 3, 0.0) == pytest.approx(4.0)
+
+
+def test_cpu_programs_keep_their_cpu_choices():
+    """Abstract parameters placed on CPU devices (or with no sharding, on this CPU host) take the CPU paths."""
+    cpu = NamedSharding(jax.sharding.Mesh(np.asarray(jax.devices("cpu")[:1]), ("data",)), P())
+    fns, params = _abstract(TINY, cpu).decoding_model()
+    assert fns.kv_dtype == "float32"
+    table = params["token_embedder"]["embedding"]
+    assert isinstance(table, jax.ShapeDtypeStruct) and table.dtype == jnp.float32
+    assert xla_cpu.program_platform(params) == "cpu"
+    assert xla_cpu.cpu_compiler_options(8, jnp.float32, "cpu") is not None or xla_cpu._user_chose(
+        xla_cpu.SMALL_DOT_OPTIONS
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Compiled for a deviceless TPU v4 slice
+
+
+@needs_libtpu
+def test_tpu_programs_take_the_tpu_choices():
+    devices = aot.topology_devices("v4-8")
+    assert len(devices) == 4 and all(d.platform == "tpu" for d in devices)
+    tpu = NamedSharding(parallel.make_mesh("data:1,model:4", devices=list(devices)), P())
+    fns, params = _abstract(TINY, tpu).decoding_model()
+    assert fns.kv_dtype is None  # no float32 attention memory: that is XLA:CPU's choice
+    assert params["token_embedder"]["embedding"].dtype == jnp.bfloat16  # no float32 embedding copy
+    assert xla_cpu.program_platform(params) == "tpu"
+    assert xla_cpu.cpu_compiler_options(8, jnp.float32, "tpu") is None
+
+
+@needs_libtpu
+@pytest.mark.parametrize("mode", ["model", "data"])
+def test_tiny_pair_compiles_for_v4(mode):
+    """Model parallel (data:1,model:4) and data parallel (4 loops) programs of a tiny pair compile for a v4-8
+    slice: one decode loop at top level, nothing sent to the host, arguments = the sharded parameters."""
+    devices = list(aot.topology_devices("v4-8"))
+    if mode == "model":
+        mesh = parallel.make_mesh("data:1,model:4", devices=devices)
+        rep = NamedSharding(mesh, P())
+        program = parallel.model_parallel_program(
+            speculative_sample, _abstract(TINY, rep), _abstract(TINY_DRAFT, rep), _tokens(), mesh=mesh,
+            gamma=3, max_decode_length=8, max_input_length=16,
+        )  # fmt: skip
+        expected = _hand_param_bytes(TINY, 4) + _hand_param_bytes(TINY_DRAFT, 1)
+    else:
+        rep = NamedSharding(jax.sharding.Mesh(np.asarray(devices), ("data",)), P())
+        program = parallel.data_parallel_program(
+            speculative_sample, _abstract(TINY, rep), _abstract(TINY_DRAFT, rep), _tokens(), devices=devices,
+            gamma=3, max_decode_length=8, max_input_length=16,
+        )  # fmt: skip
+        expected = _hand_param_bytes(TINY, 1) + _hand_param_bytes(TINY_DRAFT, 1)
+    compiled = program.trace().lower().compile()
+    loop = aot.loop_analysis(compiled.as_text())
+    assert loop["decode_loops"] == 1
+    assert loop["host_transfers"] == [] and loop["host_callbacks"] == []
+    text = compiled.as_text()
+    for op in (" infeed(", " outfeed(", " send(", " recv(", "callback"):
+        assert op not in text
+    if mode == "data":  # a loop per device: no collective inside it
+        assert all(v["count"] == 0 for v in loop["collectives"].values())
+    arguments = compiled.memory_analysis().argument_size_in_bytes
+    assert arguments == pytest.approx(expected, rel=0.10)
+
+
+@needs_libtpu
+def test_report_keys_and_pieces(tmp_path, capsys):
+    """The CLI on a config.json (no weights) writes the issue's JSON keys; the pieces are costed."""
+    from specjax import cli
+
+    cfg = {
+        "model_type": "t5",
+        "vocab_size": 512,
+        "d_model": 128,
+        "d_kv": 128,
+        "d_ff": 512,
+        "num_layers": 2,
+        "num_decoder_layers": 2,
+        "num_heads": 4,
+        "feed_forward_proj": "gated-gelu",
+        "tie_word_embeddings": False,
+    }
+    (tmp_path / "tiny").mkdir()
+    (tmp_path / "tiny" / "config.json").write_text(json.dumps(cfg))
+    out = tmp_path / "report.json"
+    argv = ["aot", "--topology", "v4-8", "--target", str(tmp_path / "tiny"), "--draft", str(tmp_path / "tiny")]
+    argv += ["--gamma", "3", "--batch", "2", "--input-length", "16", "--output-length", "8", "--programs", "none"]
+    assert cli.main(argv + ["--mesh", "data:2,model:2", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["mesh"] == {"data": 2, "model": 2} and report["programs"] == []
+    for name in ("target_step", "target_window", "draft_step"):
+        piece = report["pieces"][name]
+        assert piece["compiled"] and piece["flops"] > 0 and piece["bytes_accessed"] > 0
+        assert piece["estimate_seconds"] == max(piece["hbm_seconds"], piece["mxu_seconds"])
+        assert piece["hbm_seconds"] == pytest.approx(piece["bytes_accessed"] / 1.2e12)
+    step = report["pieces"]["target_step"]["estimate_seconds"]
+    assert report["c"] == pytest.approx(report["pieces"]["draft_step"]["estimate_seconds"] / step)
+    assert report["window_over_step"] == pytest.approx(report["pieces"]["target_window"]["estimate_seconds"] / step)
+    assert "projections" in report and "cost model" in capsys.readouterr().out
+
+
+@needs_libtpu
+def test_too_big_is_refused_before_compiling():
+    """T5 1.1 XXL in float32 (44.6 GB of weights) on one v5e chip (16 GiB): a one-line error naming a mesh that
+    fits; that mesh's estimate is checked against the weights' bytes by hand."""
+    with pytest.raises(aot.DoesNotFit) as info:
+        aot.compile_report("v5e-1", "t5_1_1_xxl", "t5_1_1_small", dtype="float32", programs=(), pieces=False)
+    message = str(info.value)
+    assert "\n" not in message and "16 GiB" in message and "--mesh data:" in message
+    assert "--topology v5e-" in message  # one chip holds no mesh: a bigger slice is named
+    xxl = T5Config.preset("t5_1_1_xxl").replace(dtype="float32", param_dtype="float32")
+    weights = sum(math.prod(x.shape) * 4 for x in jax.tree_util.tree_leaves(t5.abstract_params(xxl)))
+    assert 44e9 < weights < 46e9 and weights > aot.CHIPS["v5e"].hbm_bytes
+    model = int(message.split("model:")[1].split()[0])
+    assert weights / model < aot.CHIPS["v5e"].hbm_bytes
+    # the default mesh for the paper's setup (bfloat16, one v4 chip) is the chip itself
+    assert aot.choose_mesh(
+        "v4-1", xxl.replace(dtype="bfloat16", param_dtype="bfloat16"), T5Config.preset("t5_1_1_small"),
+        batch=1, input_length=512, output_length=128, gamma=7,
+    ) == (1, 1)  # fmt: skip
