@@ -401,7 +401,8 @@ class Decoder:
             if g > costs.max_gamma:
                 continue
             seconds = costs.encode[g] + n / expected_tokens(alpha, g) * costs.iteration(g)
-            out[g] = batch * n / max(seconds + self.overhead(batch, g), 1e-9)
+            seconds = max(seconds + self.overhead(batch, g), seconds / 2)  # a residual never halves the parts
+            out[g] = batch * n / max(seconds, 1e-12)
         return out
 
     def overhead(self, batch: int, gamma: int) -> float:

@@ -104,7 +104,7 @@ def test_outputs_do_not_depend_on_batch_size_and_runs_resume(tmp_path, checkpoin
 @pytest.mark.parametrize(
     "args,message",
     [
-        (("--gamma", "0"), "--gamma must be >= 1"),
+        (("--batch-size", "0"), "--batch-size must be >= 1"),
         (("--top-p", "0"), "top_p must be in"),
         (("--max-input-length", "4"), "pass --truncate"),
     ],
@@ -206,8 +206,8 @@ def test_demo_refuses_bad_flags_before_loading_models(monkeypatch, capsys):
     monkeypatch.setattr(
         specjax.defaults, "load_default_pair", lambda *a, **k: (_ for _ in ()).throw(AssertionError("loaded models"))
     )
-    assert main(["demo", "--gamma", "0"]) == 2
-    assert "--gamma must be >= 1" in capsys.readouterr().err
+    assert main(["demo", "--num-lines", "0"]) == 2  # --gamma 0 is valid: the target alone
+    assert "--num-lines must be >= 1" in capsys.readouterr().err
 
 
 def test_translate_has_truncate(capsys):

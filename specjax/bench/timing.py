@@ -61,6 +61,8 @@ class PairMeasurement:
       spec_compile_seconds, base_compile_seconds: the first call of each (compile + run), seconds.
       spec, base: ``DecodeResult`` per batch (from the last repeat).
       num_inputs: real rows (filler rows of the last batch excluded).
+      gammas: with ``gamma="auto"``: the γ each batch of the last pass ran (0: the target alone); else None.
+      decoder: with ``gamma="auto"`` or 0: the ``specjax.Decoder`` that ran the speculative side.
     """
 
     spec_seconds: float
@@ -70,6 +72,8 @@ class PairMeasurement:
     spec: list
     base: list
     num_inputs: int
+    gammas: list | None = None
+    decoder: object = None
 
     def _rows(self, results, field):
         return _field(results, field, self.num_inputs)
@@ -160,7 +164,7 @@ def measure_pair(
     draft,
     batches: Sequence[np.ndarray],
     *,
-    gamma: int,
+    gamma: int | str,
     temperature: float,
     max_decode_length: int,
     num_inputs: int | None = None,
@@ -179,6 +183,8 @@ def measure_pair(
     Args:
       target: a ``T5Model``. draft: a ``T5Model``, or a draft source (``specjax.PromptLookupDraft``).
       batches: int32[b, s] arrays sharing one shape (see ``pad_batches``).
+      gamma: draft tokens per target call, or "auto" / 0: a ``specjax.Decoder`` runs the speculative side
+        (auto: a first untimed pass over every batch compiles the programs it picks and teaches it α).
       num_inputs: real rows in total (trailing filler rows of the last batch are excluded from counts).
       seed: batch ``j`` uses ``PRNGKey(seed + j)`` for both methods.
       repeats: passes over all batches; times are summed, results kept from the last pass.
@@ -206,8 +212,28 @@ def measure_pair(
     if draft_confidence_threshold is not None:  # the keyword stays unset for draft sources without confidence
         spec_kw["draft_confidence_threshold"] = draft_confidence_threshold
 
-    def spec(j, x):
-        return finish(speculative_sample(target, draft, x, rng=jax.random.PRNGKey(seed + j), gamma=gamma, **spec_kw))
+    decoder, gammas = None, None
+    if gamma == "auto" or gamma == 0:
+        from specjax.decoder import Decoder
+
+        static = {k: v for k, v in spec_kw.items() if k not in ("temperature", "top_k", "top_p")}
+        decoder = Decoder(target, draft, gamma=gamma, **static)
+        sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
+
+        def spec(j, x):
+            r = finish(decoder(x, rng=jax.random.PRNGKey(seed + j), **sampling))
+            gammas.append(decoder.last_choice.gamma)
+            return r
+
+        gammas = []
+        for j, x in enumerate(batches if gamma == "auto" else batches[:1]):  # compiles; teaches α, not time
+            spec(j, x)
+    else:
+
+        def spec(j, x):
+            return finish(
+                speculative_sample(target, draft, x, rng=jax.random.PRNGKey(seed + j), gamma=gamma, **spec_kw)
+            )
 
     def base(j, x):
         return finish(temperature_sample(target, x, rng=jax.random.PRNGKey(seed + j), **kw))
@@ -221,6 +247,8 @@ def measure_pair(
     spec_s = base_s = 0.0
     for _ in range(repeats):
         spec_results, base_results = [], []
+        if gammas is not None:
+            gammas.clear()
         for j, x in enumerate(batches):
             order = (spec, base) if j % 2 == 0 else (base, spec)  # alternate who goes first
             for fn in order:
@@ -236,7 +264,7 @@ def measure_pair(
             if on_batch:
                 on_batch()
     n = num_inputs if num_inputs is not None else sum(b.shape[0] for b in batches)
-    return PairMeasurement(spec_s, base_s, spec_compile, base_compile, spec_results, base_results, n)
+    return PairMeasurement(spec_s, base_s, spec_compile, base_compile, spec_results, base_results, n, gammas, decoder)
 
 
 # ----------------------------------------------------------------------------------------------------------

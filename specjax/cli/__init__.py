@@ -20,7 +20,14 @@ def add_decoding_args(
 ) -> None:
     """The speculative-sampling flags shared by subcommands: --gamma, --temperature, --top-k, --top-p,
     --max-decode-length (tokens) and --seed, with the subcommand's own defaults for gamma and length."""
-    p.add_argument("--gamma", type=int, default=gamma, help=f"draft tokens per target call (default {gamma})")
+    p.add_argument(
+        "--gamma",
+        type=gamma_arg,
+        default=gamma,
+        help=f"draft tokens per target call: an int >= 1, 0 (the target alone) or 'auto' (chosen per call from "
+        f"measured costs and the running alpha; specjax.Decoder) (default {gamma})",
+    )
+    p.add_argument("--verbose", action="store_true", help="print each call's gamma choice and its reason (stderr)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); 1 = sample from the target")
     p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (default 0: all)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass to keep, in (0, 1] (default 1: all)")
@@ -48,6 +55,34 @@ def add_decoding_args(
     )
     p.add_argument(
         "--max-ngram", type=int, default=3, help="with --draft prompt-lookup: the longest n-gram matched (default 3)"
+    )
+
+
+def gamma_arg(value: str):
+    """``--gamma``'s type: "auto" or an int >= 0 (0: the target alone). Raises argparse.ArgumentTypeError."""
+    if value == "auto":
+        return value
+    try:
+        g = int(value)
+    except ValueError:
+        g = -1
+    if g < 0:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or an int >= 0 (0: the target alone), got {value!r}")
+    return g
+
+
+def make_decoder(args, target, draft, **settings):
+    """A ``specjax.Decoder`` for ``--gamma`` (auto, 0 or an int), the shared flags' static settings and
+    ``settings`` (``max_input_length``, ``eos_id``, ``truncate``)."""
+    from specjax.decoder import Decoder
+
+    return Decoder(
+        target,
+        draft,
+        gamma=args.gamma,
+        max_decode_length=args.max_decode_length,
+        **speculative_kwargs(args),
+        **settings,
     )
 
 

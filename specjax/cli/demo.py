@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from specjax.cli import add_size_arg
+from specjax.cli import add_size_arg, gamma_arg
 
 
 def add_parser(sub) -> None:
@@ -22,17 +22,19 @@ def add_parser(sub) -> None:
     p.add_argument("--num-lines", type=int, default=24, help="sentences to translate (default 24)")
     p.add_argument(
         "--gamma",
-        type=int,
-        default=None,
-        help="draft tokens per target call (default: the fastest measured on a 2-core CPU for the "
-        "pair, specjax.defaults.DEMO_GAMMA: 3 for mini, 5 for small)",
+        type=gamma_arg,
+        default="auto",
+        help="draft tokens per target call: 'auto' (the default: chosen per line from measured costs and the "
+        "running alpha, specjax.Decoder; 0 when the target alone is faster), 0 (the target alone) or an int",
     )
+    p.add_argument("--verbose", action="store_true", help="print the gamma choice of every line and its reason")
     p.add_argument(
         "--dtype",
         default=None,
         choices=["float32", "bfloat16"],
-        help="the target's compute dtype, for both decodes (default: the pair's fastest on a 2-core "
-        "CPU, specjax.defaults.DEMO_DTYPES: float32 for mini, bfloat16 for small)",
+        help="the target's compute dtype, for both decodes (default auto: bfloat16 for the small target "
+        "only on a CPU with native bfloat16 dots, avx512_bf16 / amx_bf16, else float32; "
+        "specjax.defaults.pair_dtypes)",
     )
     p.add_argument(
         "--draft-dtype",
@@ -56,14 +58,11 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Runs the demo; returns 0. Raises ValueError for bad flags before loading any model."""
-    from specjax.defaults import DEMO_DTYPES, DEMO_GAMMA, default_size
+    from specjax.defaults import default_size, pair_dtypes
 
     size = args.size or default_size()
-    if args.gamma is None:
-        args.gamma = DEMO_GAMMA[size]
-    dtype, draft_dtype = DEMO_DTYPES[size]
-    dtype, draft_dtype = args.dtype or dtype, args.draft_dtype or draft_dtype
-    for name in ("num_lines", "gamma", "max_decode_length"):
+    dtype, draft_dtype, why = pair_dtypes(size, args.dtype or "auto", args.draft_dtype or "auto")
+    for name in ("num_lines", "max_decode_length"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}.")
     if args.temperature < 0:
@@ -71,9 +70,10 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
     from tqdm.auto import tqdm
 
-    from specjax import bench
+    from specjax import bench, hardware
     from specjax.defaults import demo_sentences, load_default_pair
 
+    print(f"machine: {hardware.cpu_info().describe()}; dtype path: {why}", file=sys.stderr)
     target, draft, tokenizer = load_default_pair(args.draft, size=args.size, dtype=dtype, draft_dtype=draft_dtype)
     lines, origin = demo_sentences(args.num_lines)
     print(
@@ -101,11 +101,18 @@ def run(args: argparse.Namespace) -> int:
         )
     for src, ids in zip(lines, m.sequences("spec")):
         print(f"EN: {src}\nDE: {tokenizer.decode(ids)}\n")
+    chosen = ""
+    if m.gammas is not None:
+        counts = {g: m.gammas.count(g) for g in sorted(set(m.gammas))}
+        chosen = " (auto: " + ", ".join(f"{'target alone' if g == 0 else f'γ {g}'} on {n}" for g, n in counts.items())
+        chosen += " lines)"
+        if args.verbose:
+            print(m.decoder.last_choice.describe(), file=sys.stderr)
     equal = [np.array_equal(a, b) for a, b in zip(m.sequences("spec"), m.sequences("base"))]
     same = all(equal)
     print(
         f"acceptance rate alpha      {m.acceptance_rate:.3f}  (the paper's alpha: mean of beta = sum min(p, q) "
-        f"over verified positions; gamma={args.gamma}, temperature={args.temperature:g})"
+        f"over verified positions; gamma={args.gamma}{chosen}, temperature={args.temperature:g})"
     )
     print(f"accepted / drafted         {m.accepted_fraction:.3f}")
     print(f"tokens per target call     {m.tokens_per_target_call:.2f}")

@@ -58,10 +58,11 @@ def add_parser(sub) -> None:
     p.add_argument("--truncate", action="store_true", help="cut longer inputs instead of failing")
     p.add_argument(
         "--dtype",
-        choices=("float32", "bfloat16"),
-        default="float32",
-        help="parameters and compute of both models (default float32, as load_checkpoint and "
-        "load_default_pair; bfloat16 halves memory, e.g. for T5-XXL on TPU)",
+        choices=("auto", "float32", "bfloat16"),
+        default="auto",
+        help="parameters and compute of both models (default auto, as load_default_pair: the shipped pair in "
+        "bfloat16 only on a CPU with native bfloat16 dots or an accelerator, else float32; --target/--draft "
+        "checkpoints in float32, as load_checkpoint; bfloat16 halves memory, e.g. for T5-XXL on TPU)",
     )
     p.add_argument(
         "--compare-baseline",
@@ -118,8 +119,9 @@ def _load(args):
             "pair); --draft prompt-lookup needs no draft model."
         )
     if args.target:
-        target = load_checkpoint(args.target, dtype=args.dtype)
-        draft = None if lookup else load_checkpoint(args.draft, dtype=args.dtype)
+        dtype = "float32" if args.dtype == "auto" else args.dtype
+        target = load_checkpoint(args.target, dtype=dtype)
+        draft = None if lookup else load_checkpoint(args.draft, dtype=dtype)
         tokenizer_path, origin = _tokenizer_path(args)
         print(f"tokenizer: {tokenizer_path} ({origin})", file=sys.stderr)
         return target, draft, Tokenizer(tokenizer_path)
@@ -184,10 +186,16 @@ def _validate(args):
     from specjax.sampling import validate_sampling
 
     validate_sampling(args.temperature, args.top_k, args.top_p)
-    for name in ("gamma", "batch_size", "max_decode_length", "max_input_length"):
+    auto = args.gamma == "auto" or args.gamma == 0
+    if auto and (args.data_parallel or args.mesh):
+        raise ValueError(
+            f"--gamma {args.gamma} runs on one device (specjax.Decoder); with --data-parallel / --mesh give an int "
+            "gamma >= 1."
+        )
+    for name in ("batch_size", "max_decode_length", "max_input_length") + (() if auto else ("gamma",)):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}.")
-    if args.gamma > args.max_decode_length:
+    if not auto and args.gamma > args.max_decode_length:
         print(
             f"note: --gamma {args.gamma} is more than --max-decode-length {args.max_decode_length}; using gamma "
             f"{args.max_decode_length} (no iteration can use more drafts).",
@@ -291,7 +299,9 @@ def run(args: argparse.Namespace) -> int:
 
     def timed(fn, x, keys, key_shape, **kw):
         if key_shape not in warm:  # compile first (ahead of time, nothing decoded), untimed
-            if runner.mode == "single":
+            if decoder is not None and key_shape[0] == "spec":
+                pass  # the Decoder compiles each γ it picks lazily and never charges compile time to its choice
+            elif runner.mode == "single":
                 lower = lower_speculative_sample if key_shape[0] == "spec" else lower_temperature_sample
                 models = (target, draft) if key_shape[0] == "spec" else (target,)
                 extra = dict(gamma=args.gamma, **spec_kwargs) if key_shape[0] == "spec" else {}
@@ -303,7 +313,18 @@ def run(args: argparse.Namespace) -> int:
         seconds = time.perf_counter() - start
         return jax.device_get(result), seconds
 
+    decoder = None
+    if args.gamma == "auto" or args.gamma == 0:
+        from specjax.cli import make_decoder
+
+        decoder = make_decoder(args, target, draft, eos_id=eos, max_input_length=args.max_input_length)
+
     def spec(x, keys, **kw):
+        if decoder is not None:
+            r = decoder(x, rng=keys, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+            if args.verbose:
+                print(decoder.last_choice.describe(), file=sys.stderr)
+            return r
         return runner(speculative_sample, target, draft, x, rng=keys, gamma=args.gamma, **spec_kwargs, **common)
 
     def base(x, keys, **kw):

@@ -71,22 +71,29 @@ def run(args: argparse.Namespace) -> int:
     from specjax.cli import draft_source, speculative_kwargs
 
     spec_kwargs = speculative_kwargs(args)
-    r = jax.device_get(
-        speculative_sample(
+    sampling = dict(rng=jax.random.PRNGKey(args.seed), temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+    if args.gamma == "auto" or args.gamma == 0:  # specjax.Decoder: the target alone, or γ from measured costs
+        from specjax.cli import make_decoder
+
+        decoder = make_decoder(
+            args, target, draft_source(args, draft), max_input_length=args.max_input_length, truncate=args.truncate
+        )
+        r = decoder(x, **sampling)
+        if args.verbose:
+            print(decoder.last_choice.describe(), file=sys.stderr)
+    else:
+        r = speculative_sample(
             target,
             draft_source(args, draft),
             x,
-            rng=jax.random.PRNGKey(args.seed),
             gamma=args.gamma,
             **spec_kwargs,
             max_decode_length=args.max_decode_length,
-            temperature=args.temperature,
-            top_k=args.top_k,
-            top_p=args.top_p,
+            **sampling,
             max_input_length=args.max_input_length,
             truncate=args.truncate,
         )
-    )
+    r = jax.device_get(r)
     for seq, n in zip(r.sequences, r.lengths):
         print(tokenizer.decode(seq[:n]))
     print(
