@@ -31,12 +31,12 @@ def _flat_costs(step, window, draft, encode=0.0, gammas=8) -> Costs:
 
 def test_auto_greedy_equals_target_alone_on_96_multi30k_lines_while_gamma_changes(data_dir):
     """Mini pair in float32: 6 batches of 16 Multi30k test lines through one Decoder whose γ is forced to
-    0, 3, 8 in turn; every batch equals greedy ``temperature_sample`` token for token."""
+    0 and 5 in turn (two programs: compile time bounds this test); every batch equals greedy ``temperature_sample`` token for token."""
     target, draft, tok = specjax.load_default_pair(size="mini", dtype="float32")
     lines = (data_dir / "train" / "multi30k" / "test_2016_flickr.en").read_text().splitlines()[:96]
     batches = bench.pad_batches([tok.encode(line) for line in lines], batch_size=16)
     decoder = Decoder(target, draft, gamma="auto", max_decode_length=48, cost_cache=False)
-    schedule = (0, 3, 8)
+    schedule = (0, 5)
     for j, x in enumerate(batches):
         gamma = schedule[j % len(schedule)]
         r = decoder(x, rng=jax.random.PRNGKey(j), temperature=0.0, gamma=gamma)
@@ -44,9 +44,9 @@ def test_auto_greedy_equals_target_alone_on_96_multi30k_lines_while_gamma_change
         base = temperature_sample(target, x, rng=jax.random.PRNGKey(j), max_decode_length=48, temperature=0.0)
         np.testing.assert_array_equal(np.asarray(r.sequences), np.asarray(base.sequences))
         np.testing.assert_array_equal(np.asarray(r.lengths), np.asarray(base.lengths))
-    assert [h[0] for h in decoder.history] == [schedule[j % 3] for j in range(len(batches))]
+    assert [h[0] for h in decoder.history] == [schedule[j % 2] for j in range(len(batches))]
     # α was learned from the speculative calls only (the target alone verifies nothing): between 0 and 1, away
-    # from the prior after 4 calls of 16 rows.
+    # from the prior after 3 calls of 16 rows.
     assert 0.3 < decoder.alpha(1.0) < 0.95
 
 
