@@ -31,7 +31,8 @@ def _flat_costs(step, window, draft, encode=0.0, gammas=8) -> Costs:
 
 def test_auto_greedy_equals_target_alone_on_96_multi30k_lines_while_gamma_changes(data_dir):
     """Mini pair in float32: 6 batches of 16 Multi30k test lines through one Decoder whose γ is forced to
-    0 and 5 in turn (two programs: compile time bounds this test); every batch equals greedy ``temperature_sample`` token for token."""
+    0 and 5 in turn (two programs: compile time bounds this test); every batch equals greedy
+    ``temperature_sample`` token for token."""
     target, draft, tok = specjax.load_default_pair(size="mini", dtype="float32")
     lines = (data_dir / "train" / "multi30k" / "test_2016_flickr.en").read_text().splitlines()[:96]
     batches = bench.pad_batches([tok.encode(line) for line in lines], batch_size=16)
