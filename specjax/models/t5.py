@@ -552,8 +552,7 @@ class Decoder(nn.Module):
         column = jnp.where(distance >= 0, distance, cache_len + k)
 
         def causal_bias(relpos_bias):
-            table = relpos_bias.causal_table(cache_len + k)  # [n, L + k + 1]
-            return jnp.transpose(jnp.take(table, column, axis=1, mode="clip"), (1, 0, 2, 3))
+            return _causal_bias(relpos_bias, column, cache_len + k)
 
         shared_bias = None if cfg.per_layer_relpos_bias else causal_bias(self.relpos_bias)
         cross_bias = jnp.where(encoded.mask[:, None, None, :], 0.0, NEG_INF)  # [b, 1, 1, s]
@@ -573,6 +572,11 @@ class Decoder(nn.Module):
             )
             new_k.append(lk)
             new_v.append(lv)
+        return self.head(x_bkd, embedder), KVCache(tuple(new_k), tuple(new_v))
+
+    def head(self, x_bkd, embedder):
+        """The last layer's output [b, k, d] -> final norm -> float32 logits [b, k, v]."""
+        cfg = self.config
         y = _dropout(self, self.decoder_norm(x_bkd), self.dropout_rate, _length_shared(self.dropout_style))
         if cfg.logits_via_embedding:
             logits = embedder.attend(y)
@@ -580,7 +584,14 @@ class Decoder(nn.Module):
             logits = self.logits_dense(y)
         if cfg.scales_logits:  # d**-0.5 (T5 1.0's tied head; transformers scale_decoder_outputs)
             logits = logits / jnp.sqrt(jnp.asarray(y.shape[-1], jnp.float32)).astype(y.dtype)
-        return logits.astype(jnp.float32), KVCache(tuple(new_k), tuple(new_v))
+        return logits.astype(jnp.float32)
+
+
+def _causal_bias(relpos_bias: RelativePositionBias, column_bkL, table_len: int):
+    """float32 [b, n, k, L]: the causal self-attention bias, gathered from ``relpos_bias.causal_table(table_len)``
+    at ``column_bkL`` (int32 [b, k, L]: the distance query - slot, or ``table_len - 1`` for a slot after the query)."""
+    table = relpos_bias.causal_table(table_len)  # [n, table_len + 1]
+    return jnp.transpose(jnp.take(table, column_bkL, axis=1, mode="clip"), (1, 0, 2, 3))
 
 
 class Embed(nn.Module):
@@ -929,12 +940,24 @@ def _layers_of(params: Params, stack: str) -> Params:
 
 
 def _encoder_inputs(module: "Transformer", tokens_bs):
-    """Embeddings [b, s, d], mask bool[b, s] and the shared self-attention bias float32[b, n, s, s]."""
+    """Embeddings [b, s, d], mask bool[b, s], positions int32[b, s], the padding bias float32[b, 1, 1, s] and
+    the self-attention bias float32[b, n, s, s] the layers share (None with per-layer tables: umT5)."""
     mask = tokens_bs != module.config.pad_id
     b, s = tokens_bs.shape
     pos = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s))
-    bias = module.encoder.relpos_bias(pos, pos) + jnp.where(mask[:, None, None, :], 0.0, NEG_INF)
-    return module.token_embedder(tokens_bs), mask, bias
+    mask_bias = jnp.where(mask[:, None, None, :], 0.0, NEG_INF)
+    shared = None if module.config.per_layer_relpos_bias else module.encoder.relpos_bias(pos, pos) + mask_bias
+    return module.token_embedder(tokens_bs), mask, pos, mask_bias, shared
+
+
+def _layer_encoder_bias(layer: EncoderLayer, pos_bs):
+    """A layer's own relative position bias float32[b, n, s, s] (umT5)."""
+    return layer.relpos_bias(pos_bs, pos_bs)
+
+
+def _layer_causal_bias(layer: DecoderLayer, column_bkL, table_len: int):
+    """A layer's own causal bias float32[b, n, k, L] (umT5; ``_causal_bias``)."""
+    return _causal_bias(layer.relpos_bias, column_bkL, table_len)
 
 
 def _encoder_norm(module: "Transformer", x_bsd):
@@ -942,27 +965,23 @@ def _encoder_norm(module: "Transformer", x_bsd):
 
 
 def _decoder_inputs(module: "Transformer", tokens_bk, positions_b, mask_bs, cache_len: int):
-    """Embeddings [b, k, d], query positions int32[b, k], self-attention bias float32[b, n, k, L] and
-    cross-attention bias float32[b, 1, 1, s] of a window (as ``Decoder.__call__`` computes them)."""
-    b, k = tokens_bk.shape
+    """Embeddings [b, k, d], query positions int32[b, k], causal columns int32[b, k, L] (``_causal_bias``), the
+    self-attention bias float32[b, n, k, L] the layers share (None with per-layer tables: umT5) and the
+    cross-attention bias float32[b, 1, 1, s] of a window, as ``Decoder.__call__`` computes them."""
+    k = tokens_bk.shape[1]
     query_pos = positions_b[:, None] + jnp.arange(k, dtype=jnp.int32)[None, :]  # [b, k]
     distance = query_pos[:, :, None] - jnp.arange(cache_len, dtype=jnp.int32)  # [b, k, L]
     column = jnp.where(distance >= 0, distance, cache_len + k)
-    table = module.decoder.relpos_bias.causal_table(cache_len + k)  # [n, L + k + 1]
-    self_bias = jnp.transpose(jnp.take(table, column, axis=1, mode="clip"), (1, 0, 2, 3))
+    shared = None
+    if not module.config.per_layer_relpos_bias:
+        shared = _causal_bias(module.decoder.relpos_bias, column, cache_len + k)
     cross_bias = jnp.where(mask_bs[:, None, None, :], 0.0, NEG_INF)
-    return module.token_embedder(tokens_bk), query_pos, self_bias, cross_bias
+    return module.token_embedder(tokens_bk), query_pos, column, shared, cross_bias
 
 
 def _decoder_head(module: "Transformer", y_bkd):
-    """Final norm and logits float32[b, k, v] (as ``Decoder.__call__``)."""
-    cfg = module.config
-    y = module.decoder.decoder_norm(y_bkd)
-    if cfg.logits_via_embedding:
-        logits = module.token_embedder.attend(y) / jnp.sqrt(jnp.asarray(y.shape[-1], jnp.float32)).astype(y.dtype)
-    else:
-        logits = module.decoder.logits_dense(y)
-    return logits.astype(jnp.float32)
+    """Final norm and logits float32[b, k, v] (``Decoder.head``)."""
+    return module.decoder.head(y_bkd, module.token_embedder)
 
 
 def encode_scanned(config: T5Config, params: Params, encoder_input_tokens) -> Encoded:
@@ -982,10 +1001,13 @@ def encode_scanned(config: T5Config, params: Params, encoder_input_tokens) -> En
     tokens = jnp.asarray(encoder_input_tokens, jnp.int32)
     encoder_layers, decoder_layers = _layers_of(params, "encoder"), _layers_of(params, "decoder")
     model = Transformer(config)
-    x_bsd, mask, bias = model.apply({"params": params}, tokens, method=_encoder_inputs)
+    x_bsd, mask, pos, mask_bias, shared_bias = model.apply({"params": params}, tokens, method=_encoder_inputs)
     layer = EncoderLayer(config, parent=None)
 
     def encoder_layer(x, layer_params):
+        bias = shared_bias
+        if bias is None:  # umT5: this layer's own table
+            bias = layer.apply({"params": layer_params}, pos, method=_layer_encoder_bias) + mask_bias
         return layer.apply({"params": layer_params}, x, bias), None
 
     x_bsd, _ = jax.lax.scan(encoder_layer, x_bsd, encoder_layers)
@@ -1021,7 +1043,7 @@ def decode_scanned(config: T5Config, params: Params, encoded: Encoded, tokens, c
     decoder_layers = _layers_of(params, "decoder")
     model = Transformer(config)
     cache_len = cache.k.shape[-2]
-    x_bkd, query_pos, self_bias, cross_bias = model.apply(
+    x_bkd, query_pos, column, shared_bias, cross_bias = model.apply(
         {"params": params},
         jnp.asarray(tokens, jnp.int32),
         jnp.asarray(positions, jnp.int32),
@@ -1029,7 +1051,7 @@ def decode_scanned(config: T5Config, params: Params, encoded: Encoded, tokens, c
         cache_len,
         method=_decoder_inputs,
     )
-    rows = jnp.arange(x_bkd.shape[0])[:, None]
+    rows, k = jnp.arange(x_bkd.shape[0])[:, None], x_bkd.shape[1]
 
     def write(cache_bnLh, new_bknh):
         return cache_bnLh.at[rows, :, query_pos].set(new_bknh.astype(cache_bnLh.dtype), mode="drop")
@@ -1039,6 +1061,9 @@ def decode_scanned(config: T5Config, params: Params, encoded: Encoded, tokens, c
     def decoder_layer(carry, xs):
         x, cache_k, cache_v = carry  # [b, k, d], [l, b, n, L, h] x 2
         layer_params, cross_k, cross_v, i = xs
+        self_bias = shared_bias  # [b, n, k, L]
+        if self_bias is None:  # umT5: this layer's own table
+            self_bias = layer.apply({"params": layer_params}, column, cache_len + k, method=_layer_causal_bias)
         layer_k = jax.lax.dynamic_index_in_dim(cache_k, i, 0, keepdims=False)
         layer_v = jax.lax.dynamic_index_in_dim(cache_v, i, 0, keepdims=False)
         x, (layer_k, layer_v) = layer.apply(
