@@ -78,7 +78,7 @@ def test_generate_writes_greedy_target_outputs_in_order(tmp_path, checkpoints, c
     base = temperature_sample(checkpoints[2], x, rng=0, max_decode_length=6, temperature=0)
     expected = [tok.decode([t for t in s[:n] if t < tok.vocab_size]) for s, n in zip(base.sequences, base.lengths)]
     assert got[:-1] == expected
-    report = capsys.readouterr().out
+    report = capsys.readouterr().err  # statistics on stderr, outputs in --output
     assert "acceptance rate" in report and "tokens per target call" in report and "tokens/s" in report
     assert "speedup" in report
 

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from specjax.decoding.verify import accept_or_resample
 from specjax.sampling import (
     Sampler,
-    accept_or_resample,
     acceptance_probability,
     argmax,
     residual,

@@ -253,7 +253,7 @@ def test_generate_seqio_task_cli_and_resume(tasks_module, pair, tmp_path, capsys
     ]
     capsys.readouterr()
     assert main(argv) == 0
-    printed = capsys.readouterr().out
+    printed = capsys.readouterr().err  # the metrics and statistics go to stderr
     assert out.read_text().splitlines() == ref.predictions
     assert f"bleu {ref.metrics['bleu']:.3f}" in printed
     assert f"acceptance rate (alpha) {ref.acceptance_rate:.3f}" in printed
@@ -262,7 +262,7 @@ def test_generate_seqio_task_cli_and_resume(tasks_module, pair, tmp_path, capsys
     lines = out.read_text().splitlines()
     out.write_text("\n".join(lines[:3]) + "\n" + lines[3][:5])
     assert main(argv) == 0
-    printed = capsys.readouterr().out
+    printed = capsys.readouterr().err  # the metrics and statistics go to stderr
     assert out.read_text().splitlines() == ref.predictions
     assert "(5 decoded now)" in printed and f"bleu {ref.metrics['bleu']:.3f}" in printed
 

@@ -153,9 +153,10 @@ def _subcommand_parser(parser: argparse.ArgumentParser, name: str | None) -> arg
 def main(argv=None) -> int:
     """Entry point of the ``specjax`` console script. Returns the process exit status.
 
-    Every error in a subcommand's arguments, whether argparse finds it (an unknown flag, a bad value) or the
-    subcommand does (a ``ValueError`` / ``FileNotFoundError`` from its checks), prints that subcommand's usage and
-    a one-line message on stderr and returns 2; results go to stdout, statistics and progress to stderr.
+    An error argparse finds in a subcommand's arguments (an unknown flag, a missing or bad value) prints that
+    subcommand's usage and a one-line message; one the subcommand finds (a ``ValueError`` / ``FileNotFoundError``
+    from its checks) prints one line, "specjax COMMAND: error: ..."; both on stderr, exit status 2. Results go to
+    stdout, statistics and progress to stderr.
     """
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
@@ -168,7 +169,6 @@ def main(argv=None) -> int:
     try:
         return int(args.func(args) or 0)
     except (ValueError, FileNotFoundError, NotADirectoryError) as e:
-        _subcommand_parser(parser, command).print_usage(sys.stderr)
         print(f"specjax {command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -1,0 +1,44 @@
+"""The ``specjax`` command's habits, for every subcommand: an error argparse finds in a subcommand's arguments
+prints that subcommand's usage (not the top level's) and a one-line message on stderr, exit status 2; an error the
+subcommand's own checks find is one line naming it; results go to stdout, statistics to stderr (``translate``'s
+acceptance line, ``generate``'s report)."""
+
+from __future__ import annotations
+
+import pytest
+
+from specjax.cli import SUBCOMMANDS, main
+
+
+@pytest.mark.parametrize("command", SUBCOMMANDS)
+def test_unknown_flag_shows_the_subcommands_usage(command, capsys):
+    with pytest.raises(SystemExit) as e:
+        main([command, "--no-such-flag"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f"usage: specjax {command} " in err, err
+    # The subcommand's first complaint: the unknown flag, or a required argument it lacks.
+    assert f"specjax {command}: error: " in err
+    assert "unrecognized arguments: --no-such-flag" in err or "arguments are required" in err
+    assert "usage: specjax [-h] COMMAND" not in err
+
+
+def test_unknown_top_level_flag_shows_the_top_level_usage(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--no-such-flag"])
+    assert e.value.code == 2
+    assert "usage: specjax [-h] COMMAND" in capsys.readouterr().err
+
+
+def test_a_subcommands_own_check_is_one_line_naming_it(tmp_path, capsys):
+    assert main(["convert", str(tmp_path / "missing"), str(tmp_path / "out"), "--to", "hf"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("specjax convert: error: ") and "does not exist" in lines[0]
+
+
+def test_translate_prints_translations_on_stdout_and_statistics_on_stderr(capsys):
+    assert main(["translate", "--size", "mini", "--max-decode-length", "16", "A dog runs in the park."]) == 0
+    captured = capsys.readouterr()
+    out = captured.out.splitlines()
+    assert len(out) == 1 and out[0] and not out[0].startswith("#")  # the translation alone
+    assert "# acceptance rate alpha" in captured.err and "tokens per target call" in captured.err
