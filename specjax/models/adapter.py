@@ -111,3 +111,6 @@ class T5Decoding:
         """An empty cache for ``batch`` rows and ``length`` positions (``specjax.models.t5.init_cache``; stacked
         arrays [l, b, n, L, h] with ``scan_layers``)."""
         return t5.init_cache(self.config, batch, length, self.kv_dtype, stacked=self.scan_layers)
+
+
+t5.DECODING_ADAPTER = T5Decoding  # T5Model.decoding_model() builds this (the model module never imports the adapter)

@@ -29,6 +29,10 @@ import numpy as np
 
 from specjax.config import T5Config
 
+# The decode loops' view of this model (``specjax.models.adapter.T5Decoding``), registered by the adapter when
+# ``specjax.models`` is imported: the adapter imports this module, never the reverse.
+DECODING_ADAPTER = None
+
 __all__ = [
     "Encoded",
     "KVCache",
@@ -64,7 +68,7 @@ class Encoded(NamedTuple):
     [b, n, h, s] (the contracted head dim before the positions, as a matrix product ``q [t, h] @ k [h, s]``
     wants it) and values [b, n, s, h] (``weights [t, s] @ v [s, h]``). With keys [b, n, s, h], XLA:CPU
     transposed every layer's keys in every decode step (a copy the size of the keys; 6 of them were 3-4 % of
-    the small target's step, ``benchmarks/results/small_pair/loop_profile.md``), since they are made outside
+    the small target's step, ``benchmarks/results/small_pair/2026-12-06_loop_profile.md``), since they are made outside
     the decode loop and it cannot choose their layout there.
 
     Attributes:
@@ -338,7 +342,7 @@ class Projections(nn.Module):
         (b, n) leading: XLA:CPU then runs them without transposing copies of its own. On the 2-core CPU the
         small pair's self-attention measured 2.8-4.9x faster so (a bfloat16 window of 6 rows 58 -> 21 µs a
         layer, a float32 one-token step 25 -> 5 µs) and a window's cross-attention 2.4x
-        (``benchmarks/attention_layout.py``, ``benchmarks/results/small_pair/session24``).
+        (``benchmarks/attention_layout.py``, ``benchmarks/results/cpu_kernels/``).
         ``keys_hs``: the keys are [b, n, h, s] instead (``kv_memory``).
         """
         cfg = self.config
@@ -1146,7 +1150,7 @@ class T5Model:
         as a float32 copy, made on the first call and kept on this object (4 bytes per entry more: 16 MB for
         the small target, 0.5 GB for T5-XXL). XLA:CPU has no bfloat16 gather, so with the table as stored every
         decode call converted all of it to float32 to look up a few rows (2-4 ms a call for the small target's
-        8000 x 512, about 5 % of a batch-1 speculative call; ``benchmarks/results/small_pair/session23``). The
+        8000 x 512, about 5 % of a batch-1 speculative call; ``benchmarks/results/cpu_kernels/``). The
         rows looked up are cast to the compute dtype as before, so every output is the same bit for bit. Traced
         parameters (a ``T5Model`` argument of a user's ``jax.jit``) are passed as they are.
 
@@ -1156,13 +1160,11 @@ class T5Model:
         window's write and of the cross-attention memory in each window (XLA:CPU has no bfloat16 scatter or
         batched-dot kernel). Measured on the small pair (bfloat16 target, float32 draft, γ 5, 24 Multi30k
         lines, one process, alternating): speculative sampling 1.12x faster
-        (``benchmarks/results/small_pair/session24``). The memory is small beside the weights
+        (``benchmarks/results/cpu_kernels/``). The memory is small beside the weights
         (b x n x L x h x 4 bytes per layer and per keys / values: 0.14 MB a layer for the small target).
         """
-        from specjax.models.adapter import T5Decoding
-
         scan = self._decode_scan_layers() if scan_layers is None else bool(scan_layers)
-        decoding = T5Decoding(self.config, kv_dtype=self._decode_kv_dtype(), scan_layers=scan)
+        decoding = DECODING_ADAPTER(self.config, kv_dtype=self._decode_kv_dtype(), scan_layers=scan)
         return decoding, (self._decode_stacked_params() if scan else self._decode_params())
 
     def _decode_scan_layers(self) -> bool:
