@@ -10,17 +10,18 @@ output equals the target's greedy decode token for token).
 The choice (Leviathan et al. 2023, section 3.1 and 3.4). For each candidate γ, the predicted tokens per second
 at this batch shape are ``b·n / seconds(γ)`` with
 
-    seconds(γ) = encode(γ) + (n / E(α, γ)) · iteration(γ) + overhead(γ),
+    seconds(γ) = encode(γ) + (n / E(α, γ)) · (iteration(γ) + overhead(γ)),
     E(α, γ) = (1 − α^(γ+1)) / (1 − α)                    (expected tokens per iteration, §3.1; E(α, 0) = 1),
     iteration(0) = target step,   iteration(γ) = target window of γ + 1 tokens + γ · draft step,
 
 ``n`` the running mean of a call's longest row (tokens), ``α`` the running acceptance rate, and the costs
 (seconds) measured once per machine and shape with the models' real decode functions jitted alone (with the
 XLA:CPU options the loop of that γ compiles with) and cached on disk (``specjax.hardware.CostCache``).
-``overhead(γ)`` is the median of the last calls' residuals (measured wall time minus this formula's time for
-the call, with its own α and longest row): what the jitted-alone costs miss (host dispatch, the loop's
-accept/commit work, the longest row's extra iterations in a batch). A program's first call compiles: its wall
-time is never used, so compile time is never charged to a choice (it still teaches α).
+``overhead(γ)`` is the median of the last calls' residuals per iteration (measured wall time minus this
+formula's time for the call, with its own α and longest row, over its iterations): what the jitted-alone costs
+miss (the loop's accept/commit work, host dispatch, the longest row's extra iterations in a batch). A
+program's first call compiles: its wall time is never used, so compile time is never charged to a choice (it
+still teaches α).
 
 α starts from a prior — the shipped pair's recorded α (``specjax.defaults.PAIR_ALPHA``), else 0.6 — and is
 updated after every finished call from its ``DecodeResult`` (the paper's α: Σ β / Σ verified positions), with
@@ -400,21 +401,22 @@ class Decoder:
         for g in self.candidates:
             if g > costs.max_gamma:
                 continue
-            seconds = costs.encode[g] + n / expected_tokens(alpha, g) * costs.iteration(g)
-            seconds = max(seconds + self.overhead(batch, g), seconds / 2)  # a residual never halves the parts
-            out[g] = batch * n / max(seconds, 1e-12)
+            iteration = costs.iteration(g)
+            iteration = max(iteration + self.overhead(batch, g), iteration / 2)  # a residual never halves it
+            out[g] = batch * n / max(costs.encode[g] + n / expected_tokens(alpha, g) * iteration, 1e-12)
         return out
 
     def overhead(self, batch: int, gamma: int) -> float:
-        """Seconds a call at ``gamma`` took beyond its measured parts (host dispatch, the loop's accept/commit
-        work, a batch's longest row running extra iterations): the median of its last calls' residuals; for a γ
-        not run yet, the median over the other speculative γ (or over every γ run), else 0."""
+        """Seconds per loop iteration that calls at ``gamma`` took beyond their measured parts (the loop's
+        sampling, accept and commit work, the draft's catch-up windows, host dispatch spread over the
+        iterations, a batch's longest row running extra iterations): the median of its last calls' residuals;
+        for a speculative γ not run yet, the median over the other speculative γ; else 0 (the target alone's
+        loop is not charged the speculative loop's extra work)."""
         own = self._residuals.get((batch, gamma))
         if own:
             return float(np.median(own))
-        same = [r for (b, g), rs in self._residuals.items() if b == batch and (g > 0) == (gamma > 0) for r in rs]
-        every = [r for (b, _), rs in self._residuals.items() if b == batch for r in rs]
-        return float(np.median(same or every)) if (same or every) else 0.0
+        same = [r for (b, g), rs in self._residuals.items() if b == batch and g > 0 and gamma > 0 for r in rs]
+        return float(np.median(same)) if same else 0.0
 
     def choose(self, tokens, temperature) -> Choice:
         """The ``Choice`` for a call on ``tokens`` int[b, s] at ``temperature`` (float or float[b]); measures the
@@ -511,7 +513,8 @@ class Decoder:
         if costs is None or gamma > costs.max_gamma:
             return
         a = call_alpha if not math.isnan(call_alpha) else self.alpha(float(np.mean(temps <= 0)))
-        model_seconds = costs.encode[gamma] + longest / expected_tokens(a, gamma) * costs.iteration(gamma)
+        iterations = max(longest / expected_tokens(a, gamma), 1.0)
+        model_seconds = costs.encode[gamma] + iterations * costs.iteration(gamma)
         recent = self._residuals.setdefault((b, gamma), [])
-        recent.append(seconds - model_seconds)
+        recent.append((seconds - model_seconds) / iterations)
         del recent[:-_RECENT]
