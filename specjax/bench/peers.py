@@ -209,9 +209,9 @@ def compare_with_transformers(
       ``hf_plain_s``), output tokens per method, ratios ``hf_assisted_over_specjax_spec`` (how many times
       faster specjax speculative is than transformers assisted), ``hf_plain_over_specjax_base``,
       ``specjax_speedup``, ``hf_assisted_speedup``, ``specjax_alpha`` (the paper's α measured in the loop;
-      None for results without ``beta_sum``), ``specjax_accepted_fraction`` (accepted / drafted), and for greedy ``matches_assisted`` /
-      ``matches_plain`` (inputs whose tokens equal ours) and ``mismatches`` (position, tokens, the target's
-      top-2 logit gap there and an explanation).
+      None for results without ``beta_sum``), ``specjax_accepted_fraction`` (accepted / drafted), and for
+      greedy ``matches_assisted`` / ``matches_plain`` (inputs whose tokens equal ours) and ``mismatches``
+      (position, tokens, the target's top-2 logit gap there and an explanation).
     Raises:
       ImportError: torch/transformers missing. ValueError: as ``speculative_sample``.
     """
@@ -247,18 +247,18 @@ def compare_with_transformers(
         kw = dict(max_decode_length=max_decode_length, temperature=temp)
         hkw = dict(max_new_tokens=max_decode_length, temperature=temp)
 
-        def spec(i):
+        def spec(i, kw=kw):
             return finish(
                 speculative_sample(target, draft, padded[i], rng=jax.random.PRNGKey(seed + i), gamma=gamma, **kw)
             )
 
-        def base(i):
+        def base(i, kw=kw):
             return finish(temperature_sample(target, padded[i], rng=jax.random.PRNGKey(seed + i), **kw))
 
-        def hfa(i):
+        def hfa(i, hkw=hkw):
             return hf_generate(hf_target, rows[i], assistant=hf_draft, gamma=gamma, seed=seed + i, **hkw)
 
-        def hfp(i):
+        def hfp(i, hkw=hkw):
             return hf_generate(hf_target, rows[i], seed=seed + i, **hkw)
 
         spec(0), base(0), hfa(0), hfp(0)  # warm-up / compile, untimed
@@ -460,7 +460,8 @@ def format_scaling(records: Sequence[dict]) -> str:
             f"{r['specjax_base_tokens_per_s']:.1f} | {r['specjax_base_over_batch1']:.2f} |"
         )
         if has_hf:
-            line += f" {r.get('hf_plain_tokens_per_s', float('nan')):.1f} | {r.get('hf_plain_over_batch1', float('nan')):.2f} |"
+            plain, over = r.get("hf_plain_tokens_per_s", float("nan")), r.get("hf_plain_over_batch1", float("nan"))
+            line += f" {plain:.1f} | {over:.2f} |"
         lines.append(line)
     return "\n".join(lines) + "\n"
 
@@ -623,10 +624,10 @@ def compare_with_ctranslate2(
     for bs in batch_sizes:
         batches = pad_batches(rows, batch_size=bs, pad_id=target.config.pad_id)
 
-        def specjax_method(gamma):
-            def run(j):
-                x = batches[j]
-                key = jax.random.PRNGKey(seed + j)
+        def specjax_method(gamma, batches=batches, bs=bs):
+            def run(i):
+                x = batches[i]
+                key = jax.random.PRNGKey(seed + i)
                 r = finish(
                     speculative_sample(
                         target, draft, x, rng=key, gamma=gamma, temperature=0.0, max_decode_length=max_decode_length
@@ -635,14 +636,14 @@ def compare_with_ctranslate2(
                     else temperature_sample(target, x, rng=key, temperature=0.0, max_decode_length=max_decode_length)
                 )
                 seqs, lens = np.asarray(r.sequences), np.asarray(r.lengths)
-                return [s[:m] for s, m in zip(seqs, lens)][: min(bs, n - j * bs)]
+                return [s[:m] for s, m in zip(seqs, lens)][: min(bs, n - i * bs)]
 
             return run
 
-        def ct2_method(tr):
-            def run(j):
+        def ct2_method(tr, bs=bs):
+            def run(i):
                 return ctranslate2_generate(
-                    tr, rows[j * bs : (j + 1) * bs], max_decode_length=max_decode_length, batch_size=bs, eos_id=eos
+                    tr, rows[i * bs : (i + 1) * bs], max_decode_length=max_decode_length, batch_size=bs, eos_id=eos
                 )[0]
 
             return run
