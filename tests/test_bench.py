@@ -334,11 +334,11 @@ def test_experiment_file_errors(tmp_path):
 def test_transformers_assisted_greedy_equals_specjax():
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from specjax import hf_compare
+    from specjax.bench import peers
 
     target, draft = _tiny_pair(96, noise=0.1)
     rows = [[5, 9, 23, 17, 1], [12, 80, 33, 2, 90, 4, 5, 1]]
-    r = hf_compare.compare_with_transformers(target, draft, rows, gamma=2, max_decode_length=8, temperatures=(0.0,))
+    r = peers.compare_with_transformers(target, draft, rows, gamma=2, max_decode_length=8, temperatures=(0.0,))
     g = r["greedy"]
     assert g["matches_assisted"] == len(rows), g["mismatches"]
     assert g["matches_plain"] == len(rows), g["mismatches"]
