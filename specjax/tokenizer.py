@@ -1,4 +1,6 @@
-"""T5's SentencePiece tokenizer, compatible with ``seqio.SentencePieceVocabulary`` (without TensorFlow).
+"""T5's SentencePiece tokenizer, compatible with ``seqio.SentencePieceVocabulary`` (without TensorFlow), and
+ByT5's byte vocabulary (``Tokenizer.byt5``). mT5, umT5 and MADLAD-400 ship SentencePiece files of their own
+(``checkpoint_tokenizer`` finds them beside a checkpoint).
 
 As seqio (``seqio/vocabularies.py``, ``_load_model_internal``): ``extra_ids`` sentinel pieces
 ``▁<extra_id_{i}>`` are appended to the model as USER_DEFINED pieces in reverse order, so
@@ -15,7 +17,14 @@ from typing import Iterable, Sequence
 import numpy as np
 import sentencepiece as spm
 
-__all__ = ["Tokenizer", "as_tokenizer"]
+__all__ = [
+    "Tokenizer",
+    "ByteTokenizer",
+    "as_tokenizer",
+    "checkpoint_tokenizer",
+    "resolve_tokenizer",
+    "madlad_language_prefix",
+]
 
 
 class Tokenizer:
@@ -34,6 +43,13 @@ class Tokenizer:
       FileNotFoundError: no model file at ``path``.
       ValueError: the file is not a SentencePiece model.
     """
+
+    @classmethod
+    def byt5(cls, extra_ids: int = 125) -> "ByteTokenizer":
+        """ByT5's byte vocabulary (Xue et al. 2022, section 3.1; seqio ``ByteVocabulary``): no file; UTF-8
+        bytes offset by 3 (pad 0, eos 1, unk 2), ``extra_ids`` sentinel ids after the 259 (125: the 384 rows
+        of the released ByT5 models). The same ids and decoded text as transformers' ``ByT5Tokenizer``."""
+        return ByteTokenizer(extra_ids)
 
     def __init__(self, path: str | os.PathLike, extra_ids: int = 100):
         path = os.fspath(path)
@@ -123,6 +139,8 @@ class Tokenizer:
         token ids from one mean the same text under the other."""
         if not isinstance(other, Tokenizer):
             other = as_tokenizer(other)
+        if isinstance(other, ByteTokenizer):
+            return False
         if (self.vocab_size, self.pad_id, self.eos_id, self.unk_id) != (
             other.vocab_size,
             other.pad_id,
@@ -134,6 +152,11 @@ class Tokenizer:
 
     def __repr__(self) -> str:
         return f"Tokenizer({self.path!r}, extra_ids={self.extra_ids})"
+
+    def piece_id(self, piece: str) -> int | None:
+        """The id of SentencePiece piece ``piece`` (e.g. MADLAD's ``"<2de>"``), or None when it is not one."""
+        i = self._sp.PieceToId(piece)
+        return None if i == self._sp.unk_id() and piece != self._sp.IdToPiece(i) else int(i)
 
     def encode(self, text: str, add_eos: bool = True) -> list[int]:
         """Token ids of ``text``, with EOS appended (unless ``add_eos=False``)."""
@@ -216,6 +239,161 @@ class Tokenizer:
             self._check_ids(row, f" in row {r}")
             out.append(self.decode(row))
         return out
+
+
+class ByteTokenizer(Tokenizer):
+    """ByT5's vocabulary: token id = UTF-8 byte + 3; 0 pad, 1 eos, 2 unk; then ``extra_ids`` sentinels.
+
+    Source: ByT5 (Xue et al. 2022, "ByT5: Towards a token-free future with pre-trained byte-to-byte models",
+    section 3.1), seqio ``ByteVocabulary``, transformers ``ByT5Tokenizer`` (whose ids and decoded text this
+    reproduces: ``decode`` drops special and sentinel ids and invalid UTF-8, as its ``skip_special_tokens``
+    decode with ``errors="ignore"`` does). Sentinel text such as ``<extra_id_0>`` in an input is encoded as
+    its bytes (seqio's behaviour), not as a sentinel id.
+
+    Attributes:
+      vocab_size: 259 + ``extra_ids`` (384 for the released models).
+      pad_id, eos_id, unk_id: 0, 1, 2.
+
+    Raises:
+      ValueError: ``extra_ids`` < 0.
+    """
+
+    OFFSET = 3
+
+    def __init__(self, extra_ids: int = 125):
+        if extra_ids < 0:
+            raise ValueError(f"extra_ids must be >= 0, got {extra_ids}.")
+        self._sp = None
+        self.path = "<bytes>"
+        self.extra_ids = int(extra_ids)
+        self.vocab_size = 256 + self.OFFSET + self.extra_ids
+        self.pad_id, self.eos_id, self.unk_id = 0, 1, 2
+
+    def __repr__(self) -> str:
+        return f"Tokenizer.byt5(extra_ids={self.extra_ids})"
+
+    def same_vocabulary(self, other: "Tokenizer") -> bool:
+        """True for another byte vocabulary of the same size."""
+        return isinstance(other, ByteTokenizer) and other.vocab_size == self.vocab_size
+
+    def encode(self, text: str, add_eos: bool = True) -> list[int]:
+        """UTF-8 bytes of ``text`` + 3, with EOS appended (unless ``add_eos=False``)."""
+        if not isinstance(text, str):
+            raise TypeError(f"encode takes a str, got {type(text).__name__}.")
+        ids = [b + self.OFFSET for b in text.encode("utf-8")]
+        return ids + [self.eos_id] if add_eos else ids
+
+    def decode(self, ids: Iterable[int], out_of_range: str = "raise") -> str:
+        """Text of ``ids`` up to (not including) the first EOS; pad, unk and sentinel ids are dropped, and
+        bytes that do not form UTF-8 are skipped.
+
+        Raises:
+          ValueError: an id is negative, or >= ``vocab_size`` with ``out_of_range="raise"``.
+        """
+        ids = np.asarray(ids).reshape(-1).tolist() if not isinstance(ids, list) else ids
+        if out_of_range == "unk":
+            ids = [self.unk_id if int(i) >= self.vocab_size else int(i) for i in ids]
+        elif out_of_range != "raise":
+            raise ValueError(f"out_of_range must be 'raise' or 'unk', got {out_of_range!r}.")
+        ids = self._check_ids(ids)
+        if self.eos_id in ids:
+            ids = ids[: ids.index(self.eos_id)]
+        data = bytes(i - self.OFFSET for i in ids if self.OFFSET <= i < 256 + self.OFFSET)
+        return data.decode("utf-8", errors="ignore")
+
+    def piece_id(self, piece: str) -> int | None:
+        """None: a byte vocabulary has no multi-byte pieces (``madlad_language_prefix``)."""
+        return None
+
+
+def _hf_json(directory: str, name: str) -> dict:
+    import json
+
+    path = os.path.join(directory, name)
+    if not os.path.isfile(path):
+        return {}
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
+def checkpoint_tokenizer(checkpoint: str | os.PathLike) -> tuple[Tokenizer, str] | None:
+    """The vocabulary a checkpoint directory brings, and where it came from (for the CLI's stderr note).
+
+    In order: ``spiece.model`` in the checkpoint's folder or the one above (``specjax convert`` and Hugging
+    Face exports put it there; its ``extra_ids`` from ``tokenizer_config.json``, else 100 when they fit in the
+    embedding's rows as T5's do, else 0 as mT5 / umT5 / MADLAD-400, whose files hold their sentinels); else
+    ByT5's byte vocabulary when ``tokenizer_config.json`` or ``config.json`` names ``ByT5Tokenizer`` or
+    ``config.json`` has ``vocab_size`` 384 (ByT5's, ``Tokenizer.byt5``). None when the folder brings none.
+    """
+    path = os.fspath(checkpoint)
+    base = path if os.path.isdir(path) else os.path.dirname(path)
+    for folder in (base, os.path.dirname(os.path.abspath(base))):
+        model_file = os.path.join(folder, "spiece.model")
+        if os.path.isfile(model_file):
+            tok_cfg, cfg = _hf_json(folder, "tokenizer_config.json"), _hf_json(base, "config.json")
+            extra = tok_cfg.get("extra_ids")
+            if extra is None:
+                sp = spm.SentencePieceProcessor()
+                sp.Load(model_file)
+                rows = cfg.get("vocab_size")
+                extra = 100 if rows is None or sp.GetPieceSize() + 100 <= int(rows) else 0
+            return Tokenizer(model_file, extra_ids=int(extra)), f"the target checkpoint's own vocabulary, {model_file}"
+    tok_cfg, cfg = _hf_json(base, "tokenizer_config.json"), _hf_json(base, "config.json")
+    named = {tok_cfg.get("tokenizer_class"), cfg.get("tokenizer_class")}
+    if "ByT5Tokenizer" in named or cfg.get("vocab_size") == 384:
+        extra = int(tok_cfg.get("extra_ids", 125))
+        return Tokenizer.byt5(extra), "ByT5's byte vocabulary (the checkpoint is a ByT5 model)"
+    return None
+
+
+def resolve_tokenizer(
+    checkpoint: str | os.PathLike, explicit: str | os.PathLike | None = None, fallback: str | None = None
+) -> tuple[Tokenizer, str]:
+    """The vocabulary to use with a checkpoint, and a note of where it came from (the CLI prints it on stderr).
+
+    ``explicit`` (a ``--tokenizer`` path, or "byt5" for ``Tokenizer.byt5()``) first; else what the checkpoint
+    brings (``checkpoint_tokenizer``: its ``spiece.model``, or ByT5's bytes); else ``fallback`` (a
+    SentencePiece file, e.g. T5's 32k model) when it exists.
+
+    Raises:
+      FileNotFoundError: none of them (the message says to pass ``--tokenizer``).
+    """
+    if explicit:
+        if str(explicit).lower() == "byt5":
+            return Tokenizer.byt5(), "--tokenizer byt5 (ByT5's byte vocabulary)"
+        return Tokenizer(explicit), f"--tokenizer {os.fspath(explicit)}"
+    found = checkpoint_tokenizer(checkpoint)
+    if found is not None:
+        return found
+    if fallback and os.path.isfile(fallback):
+        return Tokenizer(fallback), f"{fallback}: T5's 32k vocabulary; the checkpoint ships no spiece.model"
+    raise FileNotFoundError(
+        f"No spiece.model beside {os.fspath(checkpoint)!r}, it is not a ByT5 checkpoint, and no fallback "
+        f"vocabulary at {fallback!r}; pass --tokenizer SPIECE_MODEL (the vocabulary the checkpoint was "
+        "trained with) or --tokenizer byt5."
+    )
+
+
+def madlad_language_prefix(tokenizer: Tokenizer, language: str) -> str:
+    """MADLAD-400's target-language token for ``language`` (e.g. "de" -> "<2de> "), to prepend to the input.
+
+    MADLAD-400 (Kudugunta et al. 2023, section 4) marks the target language with a ``<2xx>`` piece of its
+    SentencePiece vocabulary.
+
+    Raises:
+      ValueError: the vocabulary has no ``<2xx>`` piece (not a MADLAD-style vocabulary, or an unknown code).
+    """
+    code = language.strip()
+    piece = code if code.startswith("<2") and code.endswith(">") else f"<2{code}>"
+    if tokenizer.piece_id(piece) is None:
+        raise ValueError(
+            f"--to {language}: the vocabulary ({tokenizer.path}) has no {piece} piece; --to needs a MADLAD-400 "
+            "style vocabulary with <2xx> target-language tokens (e.g. <2de>), or use --prefix for other models."
+        )
+    return piece + " "
 
 
 def as_tokenizer(tokenizer) -> Tokenizer:

@@ -47,8 +47,9 @@ def add_parser(sub) -> None:
     )
     p.add_argument(
         "--tokenizer",
-        help=f"SentencePiece model (default: {DEFAULT_TOKENIZER} if it exists; the embedded "
-        "pair's own vocabulary without --target/--draft)",
+        help=f"SentencePiece model, or 'byt5' for ByT5's byte vocabulary (default: the target checkpoint's own "
+        f"spiece.model or ByT5 bytes, else {DEFAULT_TOKENIZER} if it exists; the embedded pair's own vocabulary "
+        "without --target/--draft)",
     )
     p.add_argument("--prefix", default="", help='task prefix, e.g. "translate English to German: "')
     add_decoding_args(p, gamma=5, max_decode_length=128, seed_help="PRNG seed (line i uses fold_in(seed key, i))")
@@ -122,9 +123,9 @@ def _load(args):
         dtype = "float32" if args.dtype == "auto" else args.dtype
         target = load_checkpoint(args.target, dtype=dtype)
         draft = None if lookup else load_checkpoint(args.draft, dtype=dtype)
-        tokenizer_path, origin = _tokenizer_path(args)
-        print(f"tokenizer: {tokenizer_path} ({origin})", file=sys.stderr)
-        return target, draft, Tokenizer(tokenizer_path)
+        tokenizer, origin = _checkpoint_tokenizer(args)
+        print(f"tokenizer: {origin}", file=sys.stderr)
+        return target, draft, tokenizer
     try:
         import specjax
 
@@ -145,23 +146,14 @@ def _load(args):
     return target, draft, tokenizer
 
 
-def _tokenizer_path(args) -> tuple[str, str]:
-    """The vocabulary for --target/--draft: --tokenizer, else the checkpoint's own ``spiece.model`` (in the
-    target's folder or the one above, where ``specjax convert`` and Hugging Face exports put it), else T5's
-    32k model from ../shared/data. Returns (path, where it came from)."""
-    if args.tokenizer:
-        return args.tokenizer, "--tokenizer"
-    base = args.target if os.path.isdir(args.target) else os.path.dirname(args.target)
-    for folder in (base, os.path.dirname(os.path.abspath(base))):
-        candidate = os.path.join(folder, "spiece.model")
-        if os.path.isfile(candidate):
-            return candidate, "the target checkpoint's own vocabulary"
-    if os.path.exists(DEFAULT_TOKENIZER):
-        return DEFAULT_TOKENIZER, "T5's 32k vocabulary; the checkpoint ships no spiece.model"
-    raise FileNotFoundError(
-        f"No spiece.model beside {args.target!r} and none at {DEFAULT_TOKENIZER!r}; pass "
-        "--tokenizer SPIECE_MODEL (the vocabulary the checkpoint was trained with)."
-    )
+def _checkpoint_tokenizer(args):
+    """The vocabulary for --target/--draft and where it came from: --tokenizer (a SentencePiece file, or
+    "byt5"), else the checkpoint's own (``spiece.model`` in the target's folder or the one above, where
+    ``specjax convert`` and Hugging Face exports put it; ByT5's byte vocabulary for a ByT5 checkpoint), else
+    T5's 32k model from ../shared/data (``specjax.tokenizer.resolve_tokenizer``)."""
+    from specjax.tokenizer import resolve_tokenizer
+
+    return resolve_tokenizer(args.target, args.tokenizer, DEFAULT_TOKENIZER)
 
 
 def _read_lines(path: str) -> list[str]:

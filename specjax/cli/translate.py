@@ -23,8 +23,17 @@ def add_parser(sub) -> None:
         help="draft checkpoint, or 'prompt-lookup' (n-gram proposals, no draft model; "
         "default: the embedded pair's distilled draft)",
     )
-    p.add_argument("--tokenizer", help="SentencePiece model for --target/--draft checkpoints")
+    p.add_argument(
+        "--tokenizer",
+        help="SentencePiece model, or 'byt5', for --target/--draft checkpoints (default: the target "
+        "checkpoint's own spiece.model or ByT5 bytes; stderr says which)",
+    )
     p.add_argument("--prefix", default="", help='task prefix, e.g. "translate English to German: "')
+    p.add_argument(
+        "--to",
+        metavar="LANG",
+        help="target language for a MADLAD-400 model: prepends its <2LANG> token to each input (e.g. --to de)",
+    )
     add_decoding_args(p, gamma=3, max_decode_length=64)
     add_size_arg(p)
     p.add_argument("--max-input-length", type=int, default=512, help="input tokens at most (default 512)")
@@ -55,18 +64,23 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.target:
         from specjax.checkpoints import load_checkpoint
-        from specjax.tokenizer import Tokenizer
+        from specjax.cli.generate import DEFAULT_TOKENIZER
+        from specjax.tokenizer import resolve_tokenizer
 
-        if not args.tokenizer:
-            raise ValueError("--tokenizer SPIECE_MODEL is needed with --target/--draft checkpoints.")
+        tokenizer, origin = resolve_tokenizer(args.target, args.tokenizer, DEFAULT_TOKENIZER)
+        print(f"tokenizer: {origin}", file=sys.stderr)
         target = load_checkpoint(args.target)
         draft = None if lookup else load_checkpoint(args.draft)
-        tokenizer = Tokenizer(args.tokenizer)
     else:
         from specjax.defaults import load_default_pair
 
         target, draft, tokenizer = load_default_pair(size=args.size)
-    rows = [tokenizer.encode(args.prefix + t) for t in args.text]
+    prefix = args.prefix
+    if args.to:
+        from specjax.tokenizer import madlad_language_prefix
+
+        prefix = madlad_language_prefix(tokenizer, args.to) + prefix  # MADLAD-400: "<2de> " before the text
+    rows = [tokenizer.encode(prefix + t) for t in args.text]
     (x,) = inputs.batches(rows, batch_size=len(rows))
     from specjax.cli import draft_source, speculative_kwargs
 
