@@ -8,8 +8,8 @@ also carries each compiled module's HLO (``enable_hlo_proto``), whose instructio
 
 - speculative body: ``draft``, ``verify``, ``accept``, ``commit``; baseline body: ``step``, ``sample``;
   ``encode`` before the loop. (Older loops named the baseline's model call ``target``: read as ``step``.)
-- per loop iteration: the loop's wall time (first to last thunk run by the outer ``while``) over its iterations (executions of
-  the loop body), the thunk time per scope (summed over threads), thunks executed per iteration;
+- per loop iteration: the loop's wall time (first to last thunk run by the outer ``while``) over its iterations
+  (executions of the loop body), the thunk time per scope (summed over threads), thunks executed per iteration;
 - per call: the call's wall time, the loop, ``encode``, other device work, other compiled programs the call
   runs (key folding, conversions), and the host time left (validation, dispatch, transfers).
 
@@ -590,14 +590,16 @@ def format_profile(report: dict) -> str:
             f"{(it - total) / it:.0%} |",
             f"| floor: {f['weight_bytes'] / 1e6:.1f} MB weights / {L['memory_gb_s']:.1f} GB/s memory | "
             f"{f['memory_ms']:.3f} | {f['memory_ms'] / it:.0%} |",
-            f"| floor: same from cache at {L['cache_gb_s']:.1f} GB/s | {f['cache_ms']:.3f} | {f['cache_ms'] / it:.0%} |",
+            f"| floor: same from cache at {L['cache_gb_s']:.1f} GB/s | {f['cache_ms']:.3f} | "
+            f"{f['cache_ms'] / it:.0%} |",
             f"| floor: {f['flops'] / 1e6:.1f} MFLOP / {L['matmul_gflop_s']:.1f} GFLOP/s matmul | "
             f"{f['compute_ms']:.3f} | {f['compute_ms'] / it:.0%} |",
             "",
             "| per call | ms |",
             "|---|---|",
             f"| call, untraced (wall) | {p['call_ms']:.3f} |",
-            f"| call, traced (profiler overhead {p['traced_call_ms'] - p['call_ms']:+.3f}) | {p['traced_call_ms']:.3f} |",
+            f"| call, traced (profiler overhead {p['traced_call_ms'] - p['call_ms']:+.3f}) | "
+            f"{p['traced_call_ms']:.3f} |",
             f"| loop (traced) | {p['loop_ms']:.3f} |",
         ]
         for s, ms in sorted(p["outside_loop_ms"].items()):
