@@ -50,6 +50,10 @@ DEFAULT_ALPHA = 0.6
 _PRIOR_WEIGHT = 40.0  # verified positions the prior counts for
 _DECAY = 0.9  # weight of earlier calls' evidence at each update (α, lengths)
 _RECENT = 8  # calls whose time residual a γ keeps
+SWITCH_MARGIN = 0.05
+"""auto keeps the γ of its previous call at the same batch size unless another is predicted this much faster
+(a fraction): predictions a few per cent apart are within a shared machine's noise, and every new γ compiles
+another program."""
 
 
 def expected_tokens(alpha: float, gamma: int) -> float:
@@ -347,6 +351,7 @@ class Decoder:
         self._residuals: dict = {}  # (b, γ) -> the last calls' wall seconds minus the measured parts' seconds
         self._longest: dict = {}  # b -> _Running of the longest row (tokens)
         self._compiled: set = set()  # program keys that have run once (compiled)
+        self._last_gamma: dict = {}  # b -> the γ auto ran last at this batch size
         self.last_choice: Choice | None = None
         self.history: list = []  # (γ, seconds, tokens, α of the call) per call
 
@@ -431,10 +436,17 @@ class Decoder:
             return Choice(0, {}, alpha, "auto: no draft, the target alone")
         predicted = self.predict(self.costs_for(tokens), alpha, b)
         best = max(predicted, key=predicted.get)
+        last = self._last_gamma.get(b)
+        kept = last is not None and last in predicted and predicted[best] <= predicted[last] * (1 + SWITCH_MARGIN)
+        if kept:
+            best = last
         base = predicted.get(0)
         vs = f", {predicted[best] / base:.2f}x the target alone" if base else ""
         what = "the target alone" if best == 0 else f"γ {best}"
-        return Choice(best, predicted, alpha, f"auto: {what} predicted {predicted[best]:.0f} tok/s{vs} (α {alpha:.3f})")
+        why = f" (kept: no γ predicted {SWITCH_MARGIN:.0%} faster)" if kept else ""
+        return Choice(
+            best, predicted, alpha, f"auto: {what} predicted {predicted[best]:.0f} tok/s{vs} (α {alpha:.3f}){why}"
+        )
 
     # --- a call ---------------------------------------------------------------------------------------------
     def __call__(self, encoder_input_tokens, *, rng=None, temperature=1.0, top_k=0, top_p=1.0, gamma=None):
@@ -486,6 +498,8 @@ class Decoder:
         finish(result)
         seconds = time.perf_counter() - t0
         self.last_choice = choice
+        if gamma is None and self.gamma == "auto":
+            self._last_gamma[tokens.shape[0]] = g
         self._learn(tokens, temperature, g, jax.device_get(result), seconds)
         return result
 
