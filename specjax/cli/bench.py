@@ -11,8 +11,9 @@ Writes ``table.md``, ``table.csv``, ``results.json``, ``alpha_vs_gamma.png`` and
 to ``--out``. ``--profile`` traces the real compiled decode (``jax.profiler``) and writes ``profile.md/json``:
 per loop iteration the time in each named scope, thunks per iteration, the fixed per-call cost, beside this
 machine's memory bandwidth and matmul throughput (``--profile-only`` skips the table). ``--against
-ctranslate2`` writes ``ctranslate2.md/json`` (the target converted by CTranslate2's converter, float32 and
-int8, 1 and 2 threads, against temperature_sample and speculative_sample, greedy). ``--hf`` adds
+ctranslate2`` writes ``ctranslate2.md/json``: each engine in its own process (``specjax.bench.processes``: the
+target converted by CTranslate2's converter, float32, 1 and 2 threads, against specjax's target alone, gamma
+auto and each --gammas, greedy), alternating, best of --rounds x --passes, the CPU named. ``--hf`` adds
 ``hf_compare.md/json`` and ``scaling.md/json`` (transformers).
 """
 
@@ -105,16 +106,16 @@ def add_parser(sub) -> None:
     add_size_arg(sweep)
     sweep.add_argument(
         "--dtype",
-        default="float32",
-        choices=["float32", "bfloat16"],
-        help="compute dtype of the target, and of the draft unless --draft-dtype (float32 on CPU; "
-        "bfloat16 on TPU as the paper; on CPU bfloat16 makes the small pair's speculative "
-        "loop faster and its target alone slower)",
+        default="auto",
+        choices=["auto", "float32", "bfloat16"],
+        help="compute dtype of the target, and of the draft unless --draft-dtype (default auto: the shipped "
+        "pair in bfloat16 only on a CPU with native bfloat16 dots, avx512_bf16 / amx_bf16, or on TPU/GPU, "
+        "else float32; checkpoints in float32)",
     )
     sweep.add_argument(
         "--draft-dtype",
         default=None,
-        choices=["float32", "bfloat16"],
+        choices=["auto", "float32", "bfloat16"],
         help="compute dtype of the draft (default: --dtype); float32 beside a bfloat16 target "
         "was the fastest pairing on CPU",
     )
@@ -140,10 +141,12 @@ def add_parser(sub) -> None:
         choices=["ctranslate2"],
         action="append",
         default=[],
-        help="ctranslate2: the target converted by CTranslate2 (float32, int8; 1 and 2 threads) against "
-        "specjax temperature_sample and speculative_sample (each --gammas), greedy, at each "
-        "--batch-sizes, on the first row's inputs (pip install 'specjax[bench]')",
+        help="ctranslate2: the target converted by CTranslate2 (float32; 1 and 2 threads) against specjax's "
+        "target alone, gamma auto and each --gammas, greedy, at each --batch-sizes, on the first row's inputs, "
+        "each engine in its own process (pip install 'specjax[bench]')",
     )
+    peers.add_argument("--rounds", type=int, default=2, help="with --against: runs of every engine (default 2)")
+    peers.add_argument("--passes", type=int, default=2, help="with --against: timed passes per run (default 2)")
     hf = peers
     hf.add_argument(
         "--hf",
@@ -326,7 +329,7 @@ class _Loader:
             else:
                 from specjax.checkpoints import load_checkpoint
 
-                self.models[path, dtype] = load_checkpoint(path, dtype=dtype)
+                self.models[path, dtype] = load_checkpoint(path, dtype="float32" if dtype == "auto" else dtype)
         return self.models[path, dtype]
 
     def tokenizer(self, path: str):
@@ -511,28 +514,35 @@ def run(args: argparse.Namespace) -> int:
             json.dump({"environment": env, "limits": limits, "profiles": profiles}, f, indent=1, default=float)
 
     if args.against:
-        from specjax.bench import peers
+        from specjax.bench import processes
 
         r = rows[0]
-        target, draft = loader.model(r.target_path), loader.model(r.draft_path, draft=True)
+        if r.target_path.startswith("gs://") or r.draft_path.startswith("gs://"):
+            raise ValueError(
+                "--against runs each engine in its own process from local paths; copy the gs:// "
+                "checkpoints to a local directory first."
+            )
         ids = bench.encode_inputs(
             loader.tokenizer(r.tokenizer), bench.read_lines(r.input, r.num_inputs), r.prefix, r.max_input_length
         )
-        steps = sum(-(-len(ids) // b) for b in args.batch_sizes) * args.repeats
-        with tqdm(total=steps, desc="ctranslate2 side by side", unit="batch", file=sys.stderr) as bar:
-            ct2 = peers.compare_with_ctranslate2(
-                target,
-                draft,
+        engines = 3 + len(r.gammas)  # target alone, auto, each γ, CTranslate2 at 1 and 2 threads
+        with tqdm(total=engines * args.rounds * len(args.batch_sizes), desc="engines", file=sys.stderr) as bar:
+            ct2 = processes.compare_in_processes(
+                r.target_path,
+                r.draft_path,
                 ids,
-                gammas=r.gammas,
+                dtype=args.dtype,
+                draft_dtype=args.draft_dtype,
+                gammas=("auto", *r.gammas),
                 max_decode_length=r.max_decode_length,
                 batch_sizes=args.batch_sizes,
-                repeats=args.repeats,
+                rounds=args.rounds,
+                passes=args.passes,
                 seed=args.seed,
                 workdir=os.path.join(args.out, "ct2_export"),
-                on_step=lambda: bar.update(1),
+                on_step=lambda name: bar.update(1),
             )
-        text = peers.format_ctranslate2(ct2)
+        text = processes.format_processes(ct2)
         print(text)
         with open(os.path.join(args.out, "ctranslate2.md"), "w", encoding="utf-8") as f:
             f.write(text)
