@@ -27,6 +27,7 @@ import jax  # noqa: E402
 import specjax  # noqa: E402
 from specjax import PRESETS, T5Config, T5Model, speculative_sample  # noqa: E402
 from specjax.checkpoints import rules  # noqa: E402
+from specjax.checkpoints.t5x import write_t5x  # noqa: E402
 from specjax.models import t5  # noqa: E402
 from specjax.tokenizer import Tokenizer, checkpoint_tokenizer, madlad_language_prefix  # noqa: E402
 
@@ -227,6 +228,34 @@ def test_umt5_t5x_tree_round_trip(tmp_path):
         np.testing.assert_array_equal(np.asarray(v), np.asarray(flat[k]), err_msg=k)
     reference = transformers.UMT5ForConditionalGeneration.from_pretrained(hf_dir).eval()
     np.testing.assert_allclose(np.asarray(model.logits(ENC, DEC)), hf_logits(reference, ENC, DEC), atol=ATOL, rtol=0)
+
+
+def test_scanned_t5x_tree_loads(tmp_path):
+    """A scanned umT5 T5X tree (layers on axis 1, heads kept apart, as the released umT5 checkpoints are stored:
+    transformers' ``convert_umt5_checkpoint_to_pytorch.py`` slices ``[:, i]``) loads as the per-layer model."""
+    cfg = T5Config(
+        vocab_size=96, d_model=16, num_heads=2, head_dim=8, mlp_dim=24, num_encoder_layers=2, num_decoder_layers=2,
+        relative_attention_num_buckets=8, per_layer_relpos_bias=True,
+    )  # fmt: skip
+    model = T5Model.random(cfg, seed=4)
+    flat = {k: np.asarray(v) for k, v in rules.flatten(model.params).items()}
+    scanned = {}
+    for stack in ("encoder", "decoder"):
+        names = sorted({k.split("/", 2)[2] for k in flat if k.startswith(f"{stack}/layers_")})
+        for rest in names:
+            per_layer = [flat[f"{stack}/layers_{i}/{rest}"] for i in range(2)]
+            if rest.endswith(("query/kernel", "key/kernel", "value/kernel")):
+                per_layer = [a.reshape(16, 2, 8) for a in per_layer]  # [d, n, h]
+            elif rest.endswith("out/kernel"):
+                per_layer = [a.reshape(2, 8, 16) for a in per_layer]  # [n, h, d]
+            scanned[f"{stack}/{stack}/{rest}"] = np.stack(per_layer, axis=1)
+    scanned.update({k: v for k, v in flat.items() if "/layers_" not in k})
+    assert scanned["encoder/encoder/relpos_bias/rel_embedding"].shape == (2, 2, 8)  # [n, l, buckets]
+    write_t5x(rules.unflatten(scanned), str(tmp_path / "checkpoint_0"))
+    back = specjax.load_checkpoint(tmp_path / "checkpoint_0")
+    assert back.config.per_layer_relpos_bias
+    for k, v in rules.flatten(back.params).items():
+        np.testing.assert_array_equal(np.asarray(v), flat[k], err_msg=k)
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ import numpy as np
 from specjax.checkpoints.rules import CheckpointError, check_t5x_params, flatten, unflatten
 from specjax.config import T5Config
 
-__all__ = ["find_t5x", "read_t5x", "infer_config", "write_t5x", "is_gcs"]
+__all__ = ["find_t5x", "read_t5x", "unscan_t5x", "infer_config", "write_t5x", "is_gcs"]
 
 _MSGPACK_FILE = "checkpoint"
 
@@ -335,15 +335,48 @@ def write_t5x(params: Mapping[str, Any], directory: str, step: int = 0) -> str:
     return path
 
 
+def unscan_t5x(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """A scanned T5X tree (flaxformer ``scan_layers``, as umT5, MADLAD-400 and other scalable-T5 checkpoints were
+    trained) as the per-layer tree specjax reads; an unscanned tree comes back unchanged but for the kernel shapes.
+
+    Scanned parameters live under ``<stack>/<stack>/...`` with the layers on axis 1 (``attention/key/kernel``
+    [d, l, n, h], ``out/kernel`` [n, l, h, d], ``mlp/wi_0/kernel`` [d, l, f], ``*_layer_norm/scale`` [d, l],
+    ``relpos_bias/rel_embedding`` [n, l, buckets]); they become ``<stack>/layers_<i>/...``. Attention kernels kept
+    with separate heads ([d, n, h], [n, h, d]: t5x's ``DenseGeneral``) are flattened to [d, n*h] and [n*h, d].
+    Source: transformers ``models/umt5/convert_umt5_checkpoint_to_pytorch.py`` (``t5x_attention_lookup``,
+    ``t5x_relpos_bias_lookup``: the ``[:, i]`` slices).
+    """
+
+    def flat_heads(name: str, a):
+        if np.ndim(a) != 3 or not name.endswith("/kernel"):
+            return a
+        a = np.asarray(a)
+        return a.reshape(-1, a.shape[-1]) if name.endswith("/out/kernel") else a.reshape(a.shape[0], -1)
+
+    out: dict[str, Any] = {}
+    for name, value in flat.items():
+        stack = name.split("/", 1)[0]
+        scanned = f"{stack}/{stack}/"
+        if stack in ("encoder", "decoder") and name.startswith(scanned):
+            rest = name[len(scanned) :]
+            value = np.asarray(value)
+            for i in range(value.shape[1]):
+                out[f"{stack}/layers_{i}/{rest}"] = flat_heads(rest, np.take(value, i, axis=1))
+        else:
+            out[name] = flat_heads(name, value)
+    return out
+
+
 def load_t5x(path: str, **config_overrides) -> tuple[T5Config, dict[str, np.ndarray]]:
-    """Reads a T5X checkpoint and infers its config; checks every name and shape against it.
+    """Reads a T5X checkpoint (unscanned, or scanned: ``unscan_t5x``) and infers its config; checks every name and
+    shape against it.
 
     Returns:
       (config, flat t5x-named numpy parameters).
     Raises:
       FileNotFoundError, CheckpointError: see ``read_t5x`` and ``infer_config``.
     """
-    flat = read_t5x(path)
+    flat = unscan_t5x(read_t5x(path))
     config = infer_config(flat, path, **config_overrides)
     check_t5x_params(flat, config, path)
     return config, flat
