@@ -156,7 +156,26 @@ def main(argv=None) -> int:
     parser.add_argument("--no-pieces", action="store_true")
     parser.add_argument("--before", nargs="*", default=[], help="earlier JSON outputs to compare compile times with")
     parser.add_argument("--out", default="benchmarks/results/tpu_aot/2026-12-06_xxl")
+    parser.add_argument("--merge", nargs="*", default=None, help="only write OUT.md/.json from these JSON outputs")
     args = parser.parse_args(argv)
+    before = []
+    for path in args.before:
+        with open(path) as f:
+            data = json.load(f)
+        before += data["reports"] if "reports" in data else [data]
+    if args.merge is not None:
+        merged, host = [], None
+        for path in args.merge:
+            with open(path) as f:
+                data = json.load(f)
+            merged += data["reports"]
+            host = host or data["host"]
+        with open(args.out + ".json", "w") as f:
+            json.dump({"host": host, "commit": _commit(), "reports": merged, "before": before}, f, indent=1)
+        with open(args.out + ".md", "w") as f:
+            f.write(_markdown(merged, before, host))
+        print(f"wrote {args.out}.md and {args.out}.json")
+        return 0
     aot.require_libtpu()
     host = _host()
     only = None if args.only is None else set(args.only.split(","))
@@ -183,11 +202,6 @@ def main(argv=None) -> int:
             os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
             with open(args.out + ".json", "w") as f:
                 json.dump({"host": host, "commit": _commit(), "reports": reports}, f, indent=1)
-    before = []
-    for path in args.before:
-        with open(path) as f:
-            data = json.load(f)
-        before += data["reports"] if "reports" in data else [data]
     with open(args.out + ".md", "w") as f:
         f.write(_markdown(reports, before, host))
     print(f"wrote {args.out}.md and {args.out}.json")

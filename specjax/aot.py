@@ -710,7 +710,8 @@ def compile_report(
         pieces={},
         cost_model_note=(
             "Times are XLA's cost model (cost_analysis flops and bytes accessed over the chip's peak bf16 "
-            "FLOP/s and HBM bandwidth; estimate = the larger), not a measurement."
+            "FLOP/s and HBM bandwidth; estimate = the larger), not a measurement. Pieces are compiled with the "
+            "layers unrolled (cost_analysis counts a loop body once)."
         ),
     )
     rows = -(-batch // (topo.devices if data_parallel else data))
@@ -779,6 +780,20 @@ def _one_line(record: dict) -> str:
     )
 
 
+def _unrolled(config: T5Config, mesh, rules):
+    """``(DecodingModel, params)`` of ``config`` with its layers unrolled, parameters abstract and placed with
+    ``param_shardings(config, mesh, rules)`` (the platform's choices follow from their devices)."""
+    shardings = parallel.param_shardings(config, mesh, rules)
+    params = jax.tree_util.tree_map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), t5.abstract_params(config), shardings
+    )
+    model = t5.T5Model(config, params)
+    try:
+        return model.decoding_model(scan_layers=False)
+    except TypeError:  # a T5Model whose layers are never scanned
+        return model.decoding_model()
+
+
 def _pieces(
     program,
     tcfg,
@@ -797,15 +812,18 @@ def _pieces(
     paper_rows,
     reuse,
 ):
-    """Compiles the loop-free pieces with the DecodingModels and placed (abstract) parameters of ``program``
-    (a ``parallel.SampleProgram``: the same shardings the loop gets); ``({piece: costs}, {gamma: window / step})``."""
+    """Compiles the loop-free pieces, each its own program with the loop's parameter shardings (``program``'s
+    mesh and rules; data parallel: one device's program) and cache shapes; ``({piece: costs}, {gamma: window /
+    step})``.
+
+    The pieces run with the layers unrolled even where the loop scans them: XLA's ``cost_analysis`` counts a
+    while loop's body once, so a scanned step would be costed as one layer. Unrolled and scanned layers do the
+    same arithmetic on the same bytes."""
+    del program  # the pieces rebuild the models' parameters unstacked, with the same shardings
     rules = parallel.STANDARD_RULES
-    params = program.params
     if data_parallel:  # each device runs its own loop on ``rows`` rows: the pieces are one device's programs
         mesh = _mesh(devices[:1], 1, 1)
-        one = NamedSharding(mesh, P())
-        params = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one), params)
-    tfns, tparams = program.call.models[0], params[0]
+    tfns, tparams = _unrolled(tcfg, mesh, rules)
     s = shape["input_length"]
     total_rows = rows if data_parallel else rows * mesh.shape["data"]
     gammas = sorted(
@@ -816,8 +834,9 @@ def _pieces(
     todo = [("target_step", tfns, tparams, rules, 1, shape["gamma"])]
     todo += [(f"target_window_{g}", tfns, tparams, rules, g + 1, g) for g in gammas]
     if dcfg is not None:
-        dfns = program.call.models[1]  # the draft's DecodingModel
-        todo.append(("draft_step", dfns, params[1], parallel._drop_axis(rules, "data"), 1, shape["gamma"]))
+        drules = parallel._drop_axis(rules, "data")  # the draft replicated over "model", as the loop has it
+        dfns, dparams = _unrolled(dcfg, mesh, drules)
+        todo.append(("draft_step", dfns, dparams, drules, 1, shape["gamma"]))
     floors = dict(
         target=(need["target_decoder_params"] + _memory_bytes(tcfg, rows, s, length, heads_ways)),
         draft=None
