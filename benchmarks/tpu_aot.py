@@ -52,6 +52,11 @@ def _commit() -> str:
         return "?"
 
 
+def _cpu(p: dict) -> str:
+    """' (CPU 123.4)' when the record has the compile's CPU seconds (all threads), else ''."""
+    return f" (CPU {p['compile_cpu_seconds']:.1f})" if "compile_cpu_seconds" in p else ""
+
+
 def _program(report: dict, name: str) -> dict | None:
     return next((p for p in report["programs"] if p["name"] == name), None)
 
@@ -85,7 +90,8 @@ def _markdown(reports: list[dict], before: list[dict], host: str) -> str:
             ) or "none"  # fmt: skip
             host_ops = loop.get("host_transfers", []) + loop.get("host_callbacks", [])
             lines.append(
-                f"| {where} | {p['name']} | {p['compile_seconds']:.1f} | {p['generated_code_bytes'] / 1e6:.1f} | "
+                f"| {where} | {p['name']} | {p['compile_seconds']:.1f}{_cpu(p)} | "
+                f"{p['generated_code_bytes'] / 1e6:.1f} | "
                 f"{m['arguments'] / 1e9:.2f} + {m['temporaries'] / 1e9:.2f} ({p['hbm_bytes'] / 2**30:.0f} GiB) | "
                 f"{loop.get('decode_loops')} | {coll} | {', '.join(host_ops) or 'none'} |"
             )
@@ -111,7 +117,7 @@ def _markdown(reports: list[dict], before: list[dict], host: str) -> str:
             )
             lines.append(
                 f"| {b['topology']} data:{b['mesh']['data']},model:{b['mesh']['model']} | "
-                f"{pb['compile_seconds']:.1f} | {pb['generated_code_bytes'] / 1e6:.1f} | {a_s} |"
+                f"{pb['compile_seconds']:.1f}{_cpu(pb)} | {pb['generated_code_bytes'] / 1e6:.1f} | {a_s} |"
             )
     lines += [
         "",
