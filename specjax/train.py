@@ -423,9 +423,11 @@ def _make_step(
             return cross_entropy_loss(logits, dec, label_smoothing)[0], (ce, jnp.zeros(()), count)
         return ce, (ce, jnp.zeros(()), count)
 
+    full_update = np.float32(1.0)  # the update scale outside a re-warmup (a float32 array: one traced program)
+
     # no buffer donation: a Ctrl-C inside the call would leave the loop's params deleted, unsavable
     @functools.partial(jax.jit, compiler_options=train_step_compiler_options())
-    def step(params, opt_state, enc, dec, teacher_params, step, update_scale=np.float32(1.0)):
+    def step(params, opt_state, enc, dec, teacher_params, step, update_scale=full_update):
         (loss, (ce, kl, count)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
             params, enc, dec, teacher_params, step
         )
