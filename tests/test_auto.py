@@ -225,3 +225,37 @@ def test_cpu_info_reads_model_and_flags(tmp_path):
     assert model == "Some CPU 9000" and {"avx2", "avx512f", "avx512_bf16"} <= flags
     info = hardware.CpuInfo(model, flags, 2)
     assert hardware.native_bf16_dots(info) and info.describe() == "Some CPU 9000, 2 cores, avx2 avx512f avx512_bf16"
+
+
+def test_peer_engines_each_in_their_own_process_agree_greedy(tmp_path, tiny_pair):
+    """``specjax.bench.processes``: the target alone, a Decoder at γ 2 and CTranslate2 float32, each in a fresh
+    worker process on the same 3 inputs: greedy tokens agree line for line (same float32 weights); the table
+    names the CPU. (Nothing timed is asserted; γ auto's worker is the same code, with a cost measurement that
+    would triple this test's time.)"""
+    pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (pip install 'specjax[bench]')")
+    pytest.importorskip("transformers")
+    from specjax import save_checkpoint
+    from specjax.bench import processes
+
+    target = tiny_pair[0]
+    save_checkpoint(target, tmp_path / "target")
+    save_checkpoint(_perturbed(target, 0.1, seed=3), tmp_path / "draft")
+    rows = [[5, 3, 2, 1], [4, 4, 1], [2, 5, 3, 4, 1]]
+    r = processes.compare_in_processes(
+        str(tmp_path / "target"),
+        str(tmp_path / "draft"),
+        rows,
+        dtype="float32",
+        gammas=(2,),
+        max_decode_length=4,
+        batch_sizes=(2,),
+        threads=(1,),
+        rounds=1,
+        passes=1,
+        workdir=str(tmp_path / "work"),
+    )
+    by = {x["method"]: x for x in r["records"]}
+    assert set(by) == {"specjax temperature_sample", "specjax γ=2", "ctranslate2 float32 1 thread"}
+    assert all(x["identical"] == len(rows) and x["tokens"] > 0 for x in by.values())
+    assert set(by["specjax γ=2"]["gammas"]) == {2}
+    assert hardware.cpu_info().model in processes.format_processes(r)
