@@ -359,6 +359,23 @@ def test_checkpoint_spiece_and_madlad_prefix(tmp_path):
     assert madlad.piece_id("<2de>") == 32000 and 32000 in madlad.encode("<2de> A dog.")[:2]
 
 
+def test_translate_cli_tokenizer_and_to(tmp_path, capsys):
+    """``specjax translate`` with checkpoints: the folder's own spiece.model is used and named on stderr, and
+    ``--to de`` on a vocabulary without ``<2de>`` stops with one line naming the piece (before any decoding)."""
+    from specjax.cli import main
+
+    spiece = HERE.parent.parent / "shared" / "data" / "tokenizer" / "t5" / "spiece.model"
+    if not spiece.is_file():
+        pytest.skip(f"{spiece} is missing")
+    folder = saved(hf_model("mt5", seed=9, vocab_size=32128), tmp_path / "mt5")
+    (folder / "spiece.model").write_bytes(spiece.read_bytes())
+    capsys.readouterr()  # transformers' own progress lines
+    rc = main(["translate", "--target", str(folder), "--draft", str(folder), "--to", "de", "A dog."])
+    err = capsys.readouterr().err
+    assert rc == 2 and "the target checkpoint's own vocabulary" in err
+    assert "--to de: the vocabulary" in err and "no <2de> piece" in err and len(err.strip().splitlines()) == 2
+
+
 def test_vocabulary_mismatch_refused():
     """mT5's 250112 rows against T5's 32128 are refused, with the reason."""
     small = dict(d_model=8, num_heads=2, head_dim=4, mlp_dim=8, num_encoder_layers=1, num_decoder_layers=1)
