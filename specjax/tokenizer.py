@@ -107,8 +107,8 @@ class Tokenizer:
           a ``Tokenizer`` with ``vocab_size == vocabulary.vocab_size``; ``encode`` appends EOS as seqio's
           ``append_eos`` preprocessor does (seqio's own ``encode`` does not).
         Raises:
-          ValueError: ``vocabulary`` is not a SentencePiece vocabulary (e.g. ``seqio.ByteVocabulary``), or its
-            model cannot be read.
+          ValueError: ``vocabulary`` is not a SentencePiece vocabulary (e.g. ``seqio.ByteVocabulary``: use
+            ``Tokenizer.byt5()`` for ByT5), or its model cannot be read.
         Source: seqio ``vocabularies.py`` (``SentencePieceVocabulary.sp_model``, ``_load_model``).
         """
         if isinstance(vocabulary, Tokenizer):
@@ -398,14 +398,16 @@ def madlad_language_prefix(tokenizer: Tokenizer, language: str) -> str:
 
 def as_tokenizer(tokenizer) -> Tokenizer:
     """A ``Tokenizer`` from what an API or CLI place was given: a ``Tokenizer`` (returned as is), a
-    ``seqio.SentencePieceVocabulary`` (``Tokenizer.from_seqio``), or a path to a SentencePiece model
-    (``Tokenizer(path)``, T5's 100 extra ids).
+    ``seqio.SentencePieceVocabulary`` (``Tokenizer.from_seqio``), "byt5"
+    (``Tokenizer.byt5()``), or a path to a SentencePiece model (``Tokenizer(path)``, T5's 100 extra ids).
 
     Raises:
       ValueError: another kind of object (the message names its type). FileNotFoundError: no model at a path.
     """
     if isinstance(tokenizer, Tokenizer):
         return tokenizer
+    if isinstance(tokenizer, str) and tokenizer.lower() == "byt5":
+        return Tokenizer.byt5()
     if isinstance(tokenizer, (str, os.PathLike)):
         return Tokenizer(tokenizer)
     if hasattr(tokenizer, "sp_model") or type(tokenizer).__module__.startswith("seqio"):

@@ -80,12 +80,17 @@ def _target_dtype(flat: dict[str, np.ndarray], dtype: Any) -> str:
 def load_checkpoint(path: str | os.PathLike, *, dtype: Any = "float32", **config_overrides) -> T5Model:
     """Loads a T5 checkpoint of any supported format into a ``T5Model``.
 
+    Families: T5 1.0 / 1.1 / Flan-T5, mT5, umT5, UL2 / Flan-UL2, ByT5, MADLAD-400 (Hugging Face ``model_type``
+    t5, mt5 or umt5; ``feed_forward_proj`` relu, gated-gelu or gated-silu; see docs/models.md).
+
     Formats (detected, see ``detect_format``): Hugging Face directory (``config.json`` +
     ``model.safetensors`` [sharded or not] or ``pytorch_model.bin``, the latter needing PyTorch); T5X legacy
     (``checkpoint_N/`` with a ``checkpoint`` msgpack, arrays inline or TensorStore/zarr; or the msgpack
     file itself); T5X Orbax (``checkpoint_N/`` with ``state/_METADATA`` and an OCDBT store); a T5X model
     directory (the highest ``checkpoint_N`` in it). For T5X the config is inferred from the shapes
-    (``specjax.checkpoints.t5x.infer_config``).
+    (``specjax.checkpoints.t5x.infer_config``), and scanned trees (layers stacked on axis 1) are unstacked
+    (``unscan_t5x``); the MLP's activation is not in a T5X checkpoint (pass ``mlp_activations=("silu", "linear")``
+    for UL2).
 
     Args:
       path: local path, or ``gs://`` for T5X checkpoints (TensorStore gcs driver; untested).
