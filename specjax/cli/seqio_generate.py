@@ -32,6 +32,8 @@ def _validate(args) -> None:
             "(T5's Tasks add 'translate English to German: ' themselves)."
         )
     validate_sampling(args.temperature, args.top_k, args.top_p)
+    if not isinstance(args.gamma, int):
+        raise ValueError(f"--gamma {args.gamma} is not available with --seqio-task; give an int gamma >= 1.")
     for name in ("gamma", "batch_size", "max_decode_length", "max_input_length"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}.")
