@@ -1,0 +1,201 @@
+"""Every T5 family specjax reads, against transformers' PyTorch implementation: one table row per family.
+
+For each family a tiny random model with that family's layout (``model_type``, ``feed_forward_proj``, tied or
+untied head, shared or per-layer relative position tables, vocabulary size, special ids, head width) is
+written by transformers' ``save_pretrained``, read with ``specjax.load_checkpoint``, and scored in float32 by
+both on the same padded batch: the row gives the largest |Δlogits| over every decoder position (and the
+largest |logit|, so the difference has a scale). A second column decodes greedily with speculative sampling
+(a 1-decoder-layer draft of the same family, γ 3) and says whether the tokens equal the target's own greedy
+decode (``specjax.temperature_sample``). Heads are tied or untied as each family's released checkpoints are.
+Shapes are tiny (d_model 32) and the weights random: the table is about the architecture and parameter mapping,
+not the released weights, which are too large to fetch here.
+
+    python benchmarks/families_vs_pytorch.py \
+        --output benchmarks/results/families/2026-12-06_logits_vs_pytorch.md
+
+Cited by docs/models.md ("Families and sizes"). About 2 minutes of CPU time (10 minutes of wall time on a 2-core VM
+shared with other jobs); needs torch and transformers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import tempfile
+from pathlib import Path
+
+import jax
+import numpy as np
+import torch
+import transformers
+
+import specjax
+
+TINY = dict(
+    vocab_size=128,
+    d_model=32,
+    d_kv=8,
+    num_heads=4,
+    d_ff=64,
+    num_layers=2,
+    num_decoder_layers=2,
+    dropout_rate=0.0,
+    relative_attention_num_buckets=16,
+    relative_attention_max_distance=32,
+)
+CLASSES = {
+    "t5": (transformers.T5Config, transformers.T5ForConditionalGeneration),
+    "mt5": (transformers.MT5Config, transformers.MT5ForConditionalGeneration),
+    "umt5": (transformers.UMT5Config, transformers.UMT5ForConditionalGeneration),
+}
+# (row label, who uses it, model_type, config fields): the issue's table, one layout per family.
+FAMILIES = [
+    ("T5 1.0", "the original T5", "t5", dict(feed_forward_proj="relu")),
+    ("T5 1.1 / Flan-T5", "instruction-tuned T5", "t5", dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False)),
+    ("mT5", "multilingual; mt5-xxl 13B", "mt5", dict(feed_forward_proj="gated-gelu")),
+    (
+        "umT5",
+        "multilingual, per-layer position tables",
+        "umt5",
+        dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False),
+    ),
+    ("UL2 / Flan-UL2", "20B, gated-silu", "t5", dict(feed_forward_proj="gated-silu")),  # tied, as released
+    (
+        "ByT5",
+        "bytes, no SentencePiece",
+        "t5",
+        dict(vocab_size=384, num_layers=3, feed_forward_proj="gated-gelu", tie_word_embeddings=False),
+    ),
+    (
+        "MADLAD-400 MT",
+        "translation into 400+ languages",
+        "t5",
+        dict(
+            d_kv=16,
+            feed_forward_proj="gated-gelu",
+            tie_word_embeddings=False,
+            pad_token_id=1,
+            eos_token_id=2,
+            decoder_start_token_id=0,
+        ),
+    ),
+]
+
+
+def hf_model(model_type: str, seed: int, **fields):
+    """A random transformers model of ``model_type`` with non-trivial layer norms and position tables."""
+    config_cls, model_cls = CLASSES[model_type]
+    torch.manual_seed(seed)
+    model = model_cls(config_cls(**{**TINY, **fields})).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "layer_norm" in name:
+                p.copy_(torch.empty_like(p).uniform_(0.5, 1.5))
+            elif "relative_attention_bias" in name:
+                p.copy_(torch.randn_like(p))
+    return model
+
+
+def inputs(vocab: int, eos: int, seed: int = 0):
+    """Encoder ids int32[4, 12] (real ids >= 3, EOS last, right-padded with 0) and decoder ids int32[4, 8]."""
+    rs = np.random.RandomState(seed)
+    enc = rs.randint(3, vocab, size=(4, 12)).astype(np.int32)
+    for row, n in enumerate((12, 9, 5, 2)):
+        enc[row, n - 1] = eos
+        enc[row, n:] = 0
+    dec = rs.randint(3, vocab, size=(4, 8)).astype(np.int32)
+    dec[:, 0] = 0
+    return enc, dec
+
+
+def compare(label: str, model_type: str, fields: dict, seed: int, workdir: Path) -> dict:
+    ref = hf_model(model_type, seed, **fields)
+    ref.save_pretrained(workdir / f"target_{seed}")
+    model = specjax.load_checkpoint(workdir / f"target_{seed}")
+    hf_pad = fields.get("pad_token_id", 0)
+    enc, dec = inputs(ref.config.vocab_size, ref.config.eos_token_id, seed)
+    hf_enc = np.where(enc == 0, hf_pad, enc)
+    with torch.no_grad():
+        want = ref(
+            input_ids=torch.tensor(hf_enc, dtype=torch.long),
+            attention_mask=torch.tensor(enc != 0, dtype=torch.long),
+            decoder_input_ids=torch.tensor(dec, dtype=torch.long),
+        ).logits.numpy()
+    got = np.asarray(model.logits(np.where(enc == 0, model.config.pad_id, enc), dec))
+    draft_ref = hf_model(model_type, seed + 100, **{**fields, "num_decoder_layers": 1})
+    draft_ref.save_pretrained(workdir / f"draft_{seed}")
+    draft = specjax.load_checkpoint(workdir / f"draft_{seed}")
+    x = np.where(enc == 0, model.config.pad_id, enc)
+    kw = dict(rng=jax.random.PRNGKey(0), max_decode_length=16, temperature=0.0)
+    spec = specjax.speculative_sample(model, draft, x, gamma=3, **kw)
+    base = specjax.temperature_sample(model, x, **kw)
+    cfg = model.config
+    return dict(
+        label=label,
+        model_type=model_type,
+        proj=ref.config.feed_forward_proj,
+        layout=f"{cfg.family}, {'tied' if cfg.logits_via_embedding else 'untied'} head, "
+        f"{'per-layer' if cfg.per_layer_relpos_bias else 'shared'} position tables, v={cfg.vocab_size}",
+        max_diff=float(np.abs(got - want).max()),
+        scale=float(np.abs(want).max()),
+        greedy_equal=bool(np.array_equal(np.asarray(spec.sequences), np.asarray(base.sequences))),
+        alpha=float(spec.acceptance_rate),
+    )
+
+
+def _cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo on Linux), else the machine type."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine()
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--output", help="markdown file to write (default: stdout)")
+    args = p.parse_args(argv)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for seed, (label, users, model_type, fields) in enumerate(FAMILIES):
+            r = compare(label, model_type, fields, seed, Path(tmp))
+            r["users"] = users
+            rows.append(r)
+            print(f"{label}: max |dlogits| {r['max_diff']:.1e}", file=sys.stderr)
+    lines = [
+        "# T5 families: specjax against transformers (PyTorch), float32",
+        "",
+        f"`python benchmarks/families_vs_pytorch.py` on {_cpu_name()} ({os.cpu_count()} cores, "
+        f"{platform.system()}), jax {jax.__version__}, transformers {transformers.__version__}, "
+        f"torch {torch.__version__}. Tiny random models (d_model 32, 4 heads, 2+2 layers; ByT5 3+2) written by "
+        "transformers' `save_pretrained`, read by `specjax.load_checkpoint`; a batch of 4 padded rows, 8 decoder "
+        "positions. Greedy: speculative sampling (γ 3, a 1-decoder-layer draft of the same family) against the "
+        "target alone, 16 tokens.",
+        "",
+        "| model family (who uses it) | model_type, feed_forward_proj | specjax reads it as | today | greedy "
+        "speculative = target greedy |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['label']} ({r['users']}) | {r['model_type']}, {r['proj']} | {r['layout']} | loads; max "
+            f"\\|Δlogits\\| {r['max_diff']:.1e} (largest \\|logit\\| {r['scale']:.1f}) | "
+            f"{'yes' if r['greedy_equal'] else 'NO'} (α {r['alpha']:.2f}) |"
+        )
+    text = "\n".join(lines) + "\n"
+    if args.output:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output).write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text)
+    return 0 if all(r["max_diff"] < 1e-4 and r["greedy_equal"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
