@@ -353,6 +353,8 @@ class Decoder:
         self._compiled: set = set()  # program keys that have run once (compiled)
         self._last_gamma: dict = {}  # b -> the γ auto ran last at this batch size
         self.last_choice: Choice | None = None
+        self.last_compiled = False  # whether the last call was its program's first (it compiled)
+        self.last_seconds = 0.0  # wall seconds of the last call (compilation included when it compiled)
         self.history: list = []  # (γ, seconds, tokens, α of the call) per call
 
     # --- what the decoder knows -----------------------------------------------------------------------------
@@ -520,7 +522,8 @@ class Decoder:
         call_alpha = float(beta.sum() / verified.sum()) if verified.sum() > 0 else float("nan")
         self.history.append((gamma, seconds, int(np.sum(result.lengths)), call_alpha))
         program = (gamma, tokens.shape, tuple(sorted(self.settings.items())), tuple(self.spec_settings.items()))
-        if program not in self._compiled:  # the first call compiled: its time teaches nothing
+        self.last_compiled, self.last_seconds = program not in self._compiled, seconds
+        if self.last_compiled:  # the first call compiled: its time teaches nothing
             self._compiled.add(program)
             return
         costs = self.costs.get(b)

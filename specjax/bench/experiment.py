@@ -240,6 +240,7 @@ def run_row(
     cost_steps: int = 32,
     with_quality: bool = True,
     on_batch: Callable[[], None] | None = None,
+    auto: bool = False,
 ) -> list[dict]:
     """Measures one ``BenchRow`` at each batch size, verification, confidence threshold and γ: one record each.
 
@@ -254,7 +255,9 @@ def run_row(
       tokenizer: a ``specjax.Tokenizer``, a ``seqio.SentencePieceVocabulary`` or a model path.
       batch_sizes: rows per decode call; repeats: passes over the inputs per measurement; seed: batch ``j``
         uses ``PRNGKey(seed + j)``; cost_steps: decode calls per timing loop for c; with_quality: BLEU/ROUGE
-        when the row has references; on_batch: called after each measured batch (progress bars).
+        when the row has references; on_batch: called after each measured batch (progress bars); auto: also
+        one record per batch size with ``gamma`` "auto" (``specjax.Decoder``: γ chosen per call, 0 the target
+        alone; ``gammas_run`` the γ of each batch; the theory and cost columns None), draft models only.
     Returns:
       list of dicts with: task, target, draft, temperature, gamma, verification, confidence_threshold (None =
       off), max_ngram (prompt lookup, else None), batch_size, num_inputs, repeats, max_decode_length;
@@ -364,4 +367,59 @@ def run_row(
                     hyps = [tokenizer.decode(s) for s in m.sequences(which)]
                     rec[f"quality_{which}"] = quality(hyps, refs, row.metric)
             records.append(rec)
+        if auto and draft_model is not None:
+            records.append(_auto_record(target, draft, batches, row, bs, len(ids), seed, repeats, on_batch, env))
     return records
+
+
+def _auto_record(target, draft, batches, row: BenchRow, bs: int, n: int, seed: int, repeats: int, on_batch, env):
+    """One ``run_row`` record for ``gamma="auto"`` (see ``run_row``)."""
+    m = measure_pair(
+        target,
+        draft,
+        batches,
+        gamma="auto",
+        temperature=row.temperature,
+        max_decode_length=row.max_decode_length,
+        num_inputs=n,
+        seed=seed,
+        repeats=repeats,
+        max_input_length=row.max_input_length,
+        truncate=True,
+        on_batch=on_batch,
+    )
+    speculative = any(g > 0 for g in m.gammas)
+    return {
+        "task": row.task,
+        "target": row.target,
+        "draft": row.draft,
+        "temperature": row.temperature,
+        "gamma": "auto",
+        "gammas_run": list(m.gammas),
+        "verification": "token",
+        "confidence_threshold": None,
+        "max_ngram": None,
+        "batch_size": bs,
+        "num_inputs": n,
+        "repeats": repeats,
+        "max_decode_length": row.max_decode_length,
+        "alpha": m.acceptance_rate if speculative else None,
+        "alpha_source": "loop" if speculative else None,
+        "accepted_fraction": m.accepted_fraction if speculative else None,
+        "tokens_per_call": m.tokens_per_target_call,
+        "speedup": m.speedup,
+        "spec_seconds": m.spec_seconds,
+        "base_seconds": m.base_seconds,
+        "spec_compile_seconds": m.spec_compile_seconds,
+        "base_compile_seconds": m.base_compile_seconds,
+        "spec_tokens_per_s": m.output_tokens * repeats / m.spec_seconds,
+        "base_tokens_per_s": m.base_output_tokens * repeats / m.base_seconds,
+        "greedy_identical": (
+            all(np.array_equal(a, b) for a, b in zip(m.sequences("spec"), m.sequences("base")))
+            if row.temperature == 0
+            else None
+        ),
+        "paper_alpha": row.paper_alpha,
+        "paper_speedup": row.paper_speedup,
+        **env,
+    }

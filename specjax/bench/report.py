@@ -183,7 +183,7 @@ def plot_records(records: Sequence[dict], out_dir: str) -> list[str]:
     import matplotlib.pyplot as plt
 
     series: dict[tuple, list[dict]] = {}
-    for r in records:
+    for r in (r for r in records if isinstance(r["gamma"], int)):  # a gamma "auto" row has no place on a γ axis
         series.setdefault((r["task"], r["draft"], r["temperature"], r["batch_size"], _variant_label(r)), []).append(r)
     paths = []
     fig, (ax_a, ax_t) = plt.subplots(1, 2, figsize=(11, 4.2))

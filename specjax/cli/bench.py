@@ -120,6 +120,12 @@ def add_parser(sub) -> None:
         "was the fastest pairing on CPU",
     )
     sweep.add_argument("--cost-steps", type=int, default=32, help="decode calls per timing loop for c")
+    sweep.add_argument(
+        "--auto",
+        action="store_true",
+        help="also a gamma auto row per batch size and temperature (specjax.Decoder: gamma chosen per call "
+        "from measured costs and the running alpha, 0 = the target alone)",
+    )
     out = p.add_argument_group("output")
     out.add_argument("--out", default="bench_out", help="output directory (default bench_out)")
     out.add_argument("--no-quality", action="store_true", help="skip BLEU/ROUGE")
@@ -415,7 +421,7 @@ def run(args: argparse.Namespace) -> int:
                 * len(r.verifications)
                 * len(r.confidence_thresholds)
                 * args.repeats
-            )
+            ) + (sum(-(-n // b) for b in args.batch_sizes) * args.repeats if args.auto else 0)
 
         total = sum(count(r) for r in rows)
         with tqdm(total=total, desc="bench", unit="batch", file=sys.stderr) as bar:
@@ -435,8 +441,17 @@ def run(args: argparse.Namespace) -> int:
                     cost_steps=args.cost_steps,
                     with_quality=not args.no_quality,
                     on_batch=lambda: bar.update(1),
+                    auto=args.auto and r.draft_path != _LOOKUP,
                 )
                 for x in recs:
+                    if x["gamma"] == "auto":
+                        ran = ", ".join(f"{g}x{x['gammas_run'].count(g)}" for g in sorted(set(x["gammas_run"])))
+                        tqdm.write(
+                            f"{x['task']:>10} {x['draft']:>12} T={x['temperature']:g} γ=auto (ran {ran}) "
+                            f"b={x['batch_size']}: speedup {x['speedup']:.2f}x",
+                            file=sys.stderr,
+                        )
+                        continue
                     variant = (f" {x['verification']}" if x["verification"] != "token" else "") + (
                         f" conf {x['confidence_threshold']:g}" if x["confidence_threshold"] is not None else ""
                     )
