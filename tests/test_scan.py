@@ -85,6 +85,8 @@ def test_stack_round_trip_and_shapes(setup):
     assert isinstance(host["decoder"]["layers"]["mlp"]["wo"]["kernel"], np.ndarray)
     abstract = t5.stack_layers(cfg, t5.abstract_params(cfg))
     assert jax.tree_util.tree_map(lambda x: x.shape, abstract) == jax.tree_util.tree_map(lambda x: x.shape, stacked)
+    shapes = jax.tree_util.tree_map(lambda x: (x.shape, x.dtype), t5.unstack_layers(cfg, abstract))
+    assert shapes == jax.tree_util.tree_map(lambda x: (x.shape, x.dtype), model.params)
     axes = t5.stacked_param_logical_axes(cfg)
     assert tuple(axes["decoder"]["layers"]["mlp"]["wo"]["kernel"]) == ("layers", "mlp", "embed")
     assert tuple(axes["token_embedder"]["embedding"]) == ("vocab", "embed")

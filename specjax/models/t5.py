@@ -889,8 +889,8 @@ def stack_layers(config: T5Config, params: Params) -> Params:
 
 def unstack_layers(config: T5Config, params: Params) -> Params:
     """Inverse of ``stack_layers``: each stack's ``layers`` subtree [l, ...] back to ``layers_0 … layers_{l-1}``
-    (the t5x checkpoint layout). Raises ValueError for a tree that is not stacked or whose leading axes are not
-    the config's layer counts."""
+    (the t5x checkpoint layout; arrays, NumPy arrays or ``jax.ShapeDtypeStruct``s). Raises ValueError for a tree
+    that is not stacked or whose leading axes are not the config's layer counts."""
     out = dict(params)
     for stack, n in _stacks(config):
         sub = dict(params[stack])
@@ -904,9 +904,21 @@ def unstack_layers(config: T5Config, params: Params) -> Params:
                     f"{config.name!r} has {n} layers."
                 )
         for i in range(n):
-            sub[f"layers_{i}"] = jax.tree_util.tree_map(lambda x, i=i: x[i], layers)
+            sub[f"layers_{i}"] = jax.tree_util.tree_map(lambda x, i=i: _unstack_leaf(x, i), layers)
         out[stack] = sub
     return out
+
+
+def _unstack_leaf(x, i: int):
+    """Layer ``i`` of a stacked leaf [l, ...]; a ``jax.ShapeDtypeStruct`` stays abstract (its sharding loses the
+    leading axis)."""
+    if not isinstance(x, jax.ShapeDtypeStruct):
+        return x[i]
+    spec = getattr(x.sharding, "spec", None)
+    sharding = (
+        None if spec is None else jax.sharding.NamedSharding(x.sharding.mesh, jax.sharding.PartitionSpec(*spec[1:]))
+    )
+    return jax.ShapeDtypeStruct(tuple(x.shape[1:]), x.dtype, sharding=sharding)
 
 
 def stacked_param_logical_axes(config: T5Config) -> Params:
