@@ -36,10 +36,16 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--max-decode-length", type=int, default=64)
     p.add_argument("--out", default=None, help="markdown file to write (default: stdout only)")
+    p.add_argument(
+        "--float32-baseline",
+        action="store_true",
+        help="also the float32 target alone (the fastest target alone on a CPU; the auto target may be bfloat16)",
+    )
     a = p.parse_args()
 
     t_dtype, d_dtype, why = pair_dtypes(a.size)
     target, draft, tok = specjax.load_default_pair(size=a.size)
+    target32 = specjax.load_default_pair(size=a.size, dtype="float32")[0] if a.float32_baseline else None
     lines, origin = demo_sentences(a.lines)
     rows = [tok.encode(line) for line in lines]
     T = a.max_decode_length
@@ -52,7 +58,7 @@ def main() -> None:
         f"Every program compiled before timing; {a.rounds} timed passes, methods rotating per batch;",
         f"max_decode_length {T}. `python benchmarks/auto_bench.py " + " ".join(_argv()) + "`",
         "",
-        "| batch | temperature | method | tokens/s | vs target alone | vs best fixed | γ auto ran | α |",
+        "| batch | temperature | method | tokens/s | vs target alone (auto dtype) | vs best fixed | γ auto ran | α |",
         "|---|---|---|---|---|---|---|---|",
     ]
     out = list(header)
@@ -62,14 +68,17 @@ def main() -> None:
         decoder = specjax.Decoder(target, draft, gamma="auto", max_decode_length=T)
         for temp in a.temperature:
             methods = {"target alone": None, **{f"γ {g}": g for g in a.gammas}, "auto": "auto"}
+            if target32 is not None:
+                methods["float32 target alone"] = "float32"
             ran, excluded = collections.Counter(), collections.Counter()
             alphas = collections.defaultdict(list)
 
             def call(name, j, x, temp=temp, methods=methods, ran=ran, decoder=decoder, excluded=excluded):
                 g = methods[name]
                 key = jax.random.PRNGKey(j)
-                if g is None:
-                    return finish(temperature_sample(target, x, rng=key, max_decode_length=T, temperature=temp))
+                if g is None or g == "float32":
+                    model = target if g is None else target32
+                    return finish(temperature_sample(model, x, rng=key, max_decode_length=T, temperature=temp))
                 if g == "auto":
                     r = finish(decoder(x, rng=key, temperature=temp))
                     if decoder.last_compiled:  # a γ first picked now: run again, its compile time not charged
@@ -100,7 +109,7 @@ def main() -> None:
                             alphas[name].append(r.acceptance_rate)
             tps = {n: tokens[n] / (seconds[n] - excluded[n]) for n in names}
             base = tps["target alone"]
-            best_fixed = max(v for n, v in tps.items() if n != "auto")
+            best_fixed = max(v for n, v in tps.items() if n != "auto")  # the float32 target alone included
             for n in names:
                 auto_ran = ", ".join(f"{g}×{c}" for g, c in sorted(ran.items())) if n == "auto" else ""
                 alpha = f"{np.mean(alphas[n]):.3f}" if alphas[n] else ""
