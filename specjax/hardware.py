@@ -126,11 +126,14 @@ def auto_dtypes(preferred: tuple[str, str] = ("bfloat16", "float32"), platform_n
     info = cpu_info()
     if native_bf16_dots(info):
         found = [f for f in BF16_DOT_FLAGS if f in info.flags]
-        return tuple(preferred), f"CPU {info.describe()}: native bfloat16 dots ({', '.join(found)}); {preferred}"
+        return tuple(preferred), (
+            f"CPU {info.describe()}: native bfloat16 dots ({', '.join(found)}): target {preferred[0]}, "
+            f"draft {preferred[1]}"
+        )
     upcast = tuple("float32" if d == "bfloat16" else d for d in preferred)
     return upcast, (
         f"CPU {info.describe()}: no native bfloat16 dots (no avx512_bf16 / amx_bf16), so bfloat16 weights are "
-        f"upcast to float32 once at load; {upcast}"
+        f"upcast to float32 once at load: target {upcast[0]}, draft {upcast[1]}"
     )
 
 

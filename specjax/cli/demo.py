@@ -73,7 +73,9 @@ def run(args: argparse.Namespace) -> int:
     from specjax import bench, hardware
     from specjax.defaults import demo_sentences, load_default_pair
 
-    print(f"machine: {hardware.cpu_info().describe()}; dtype path: {why}", file=sys.stderr)
+    print(
+        f"dtype path: {why}" if "CPU" in why else f"machine: {hardware.cpu_info().describe()}; {why}", file=sys.stderr
+    )
     target, draft, tokenizer = load_default_pair(args.draft, size=args.size, dtype=dtype, draft_dtype=draft_dtype)
     lines, origin = demo_sentences(args.num_lines)
     print(
