@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Accelerator check (issue 10, item 4): the paper's T5-XXL setting, measured on one GPU or TPU in one run.
+"""Accelerator check: the paper's T5-XXL setting, measured on one GPU or TPU in one run.
 
 What it measures, in this order, each item skipped (with a note) when the time budget would be exceeded:
 
@@ -207,7 +207,7 @@ def measure_bandwidth(nbytes: int, repeats: int = 10) -> dict:
     n = max(1, nbytes // 2)
     x = jax.block_until_ready(jnp.zeros((n,), jnp.bfloat16))
     jax.block_until_ready(_touch(x))
-    seconds = _best_of(lambda: _touch(x), repeats)
+    seconds = _best_of(functools.partial(_touch, x), repeats)
     del x
     return {"buffer_bytes": 2 * n, "seconds": seconds, "bytes_per_s": 2 * 2 * n / seconds}
 
@@ -651,7 +651,8 @@ def format_markdown(r: dict) -> str:
             "Projected = (1 − α^(γ+1)) / ((1 − α)(γc + 1)) (Leviathan et al. 2023, Theorem 3.8); "
             "with window = the same with the measured window/step in place of 1.",
             "",
-            "| task | T | α (paper) | γ (paper) | paper speedup | projected | with window | best γ | projected at best γ |",
+            "| task | T | α (paper) | γ (paper) | paper speedup | projected | with window | best γ "
+            "| projected at best γ |",
             "|---|---|---|---|---|---|---|---|---|",
         ]
         for p in r["projections"]:

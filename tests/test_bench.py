@@ -380,7 +380,7 @@ def test_ctranslate2_greedy_equals_specjax(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Drafting variants through `specjax bench` (issue 11): the shipped mini pair, 3 inputs, 6 output tokens, T 0.
+# Drafting variants through `specjax bench`: the shipped mini pair, 3 inputs, 6 output tokens, T 0.
 
 _VARIANT_INPUTS = "A man in a blue shirt is standing on a ladder.\nTwo dogs play in the snow.\nA girl in a red dress.\n"
 

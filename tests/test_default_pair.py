@@ -1,4 +1,4 @@
-"""The shipped English->German pair (issue 4): it loads, has the promised sizes, translates a known sentence
+"""The shipped English->German pair: it loads, has the promised sizes, translates a known sentence
 to a fixed output at temperature 0, and greedy speculative output equals greedy target output on real lines.
 """
 
@@ -125,7 +125,7 @@ def test_demo_small_runs_its_fastest_dtypes(capsys, data_dir):
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_alpha_agrees_with_the_accepted_tokens_per_call_at_gamma_one(temperature, data_dir):
-    """Issue 14: the α the loop accumulates (mean of β = Σ min(p, q)) agrees with α inverted from the tokens per
+    """The α the loop accumulates (mean of β = Σ min(p, q)) agrees with α inverted from the tokens per
     target call at γ = 1, where an iteration emits 1 + (the draft token accepted) tokens, so
     E[tokens per call] = 1 + α (Leviathan et al. 2023, eq. 1 at γ = 1). The inversion uses the accepted drafts
     per target call (tokens per call − 1 without the cut of a row's last iteration at its EOS, which lowers
@@ -187,7 +187,7 @@ def test_sizes_and_the_default_size():
 
 
 def test_small_pair_greedy_speculative_equals_greedy_target_on_multi30k(data_dir):
-    """Issue 12: greedy speculative = greedy target on 96 Multi30k test lines with the small pair's distilled
+    """Greedy speculative = greedy target on 96 Multi30k test lines with the small pair's distilled
     draft, as for the mini pair."""
     target, draft, tokenizer = load_default_pair("distilled", size="small", dtype="float32")
     _assert_greedy_identity_on_multi30k(target, draft, tokenizer, data_dir, gammas=(2, 5))

@@ -123,7 +123,7 @@ def test_target_without_draft_is_an_error(tmp_path, checkpoints, capsys):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# What a new user hit (issue 14, item 5)
+# Bad input a new user hits
 
 
 def test_checkpoint_folder_vocabulary_is_used_before_t5s(tmp_path, capsys):
@@ -262,7 +262,7 @@ def test_mesh_error_names_each_suggestion_once():
     ],
 )
 def test_drafting_flags_keep_the_greedy_target_output(tmp_path, checkpoints, flags):
-    """Issue 11 in the CLI: block verification, confidence-stopped drafting and prompt lookup (no draft model)
+    """In the CLI: block verification, confidence-stopped drafting and prompt lookup (no draft model)
     each give token for token the target's greedy output."""
     target, draft, model = checkpoints
     src = tmp_path / "in.txt"

@@ -1,4 +1,4 @@
-"""seqio interop (issue 13): vocabularies, ``seqio_decode`` and ``specjax generate --seqio-task``.
+"""seqio interop: vocabularies, ``seqio_decode`` and ``specjax generate --seqio-task``.
 
 References are independent: seqio's own ``SentencePieceVocabulary`` encode/decode for the tokenizer, and the
 plain ``specjax generate`` path (text file in, text file out) plus sacrebleu for the Task decode. The Task is a

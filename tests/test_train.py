@@ -1,4 +1,4 @@
-"""``specjax train`` (issue 4): deterministic given the seed, resumable from its own checkpoints, and the
+"""``specjax train``: deterministic given the seed, resumable from its own checkpoints, and the
 loss goes down; DistillSpec's objective is the forward KL, checked against numpy."""
 
 from __future__ import annotations

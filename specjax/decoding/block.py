@@ -18,7 +18,7 @@ The rule, per row, in our letters (draft distributions ``p_i``, target ``q_i``, 
   Step 5  the next token is drawn from ``norm(max(w_τ · q_{τ+1} − p_{τ+1}, 0))`` (the paper's ``p_res``):
           after ``τ = L`` this is ``q_{L+1}`` itself (the bonus token when ``L = g``).
 
-The output has exactly the target's distribution (the paper's Theorem 1; ``tests/test_issue11_drafting.py``
+The output has exactly the target's distribution (the paper's Theorem 1; ``tests/test_verifiers_and_drafts.py``
 checks it by exact enumeration and chi-square) and the expected number of accepted drafts is never below
 token verification's (Theorem 2). At temperature 0 (one-hot p and q) ``w_i = 1`` exactly while the draft
 equals the target's argmax and 0 after, ``h_i = 1`` at the last agreeing slot before a disagreement, so ``τ``

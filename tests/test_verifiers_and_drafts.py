@@ -1,4 +1,4 @@
-"""Issue 11: block verification (Sun et al. 2025, Algorithm 2), prompt-lookup drafting and confidence-stopped
+"""Block verification (Sun et al. 2025, Algorithm 2), prompt-lookup drafting and confidence-stopped
 drafting — exactness (exact enumeration; chi-square at significance 0.001 against the tiny target's exact
 sequence distribution), greedy identity, and the block-vs-token acceptance guarantee.
 
