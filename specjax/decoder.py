@@ -206,8 +206,8 @@ def measure_costs(target, draft, tokens, max_decode_length: int, max_gamma: int 
 
     ks = sorted({k for k in WINDOWS_MEASURED if k <= max_gamma + 1} | {max_gamma + 1} - {1})
     window = {k: decode_seconds(t_fns, t_params, k, _options(b * k, t_params)) for k in ks}
-    for i, k in enumerate(ks):  # a wider window is never cheaper: the noise of a shared machine is cut
-        window[k] = min(window[j] for j in ks[i:])
+    for i, k in enumerate(ks):  # a wider window is never cheaper (on a shared machine noise can say otherwise)
+        window[k] = max(window[j] for j in ks[: i + 1])
     step = [decode_seconds(t_fns, t_params, 1, _options(b, t_params))]
     for g in range(1, max_gamma + 1):
         step.append(float(np.interp(g + 1, ks, [window[k] for k in ks])))
@@ -372,7 +372,7 @@ class Decoder:
     def _cost_key(self, tokens: np.ndarray) -> str:
         b, s = tokens.shape
         return hardware.CostCache.key(
-            kind="decode-costs-v2",
+            kind="decode-costs-v3",
             target=_model_digest(self.target),
             draft=_model_digest(self.draft) if self.draft is not None else None,
             batch=b,
