@@ -540,7 +540,7 @@ def run(args: argparse.Namespace) -> int:
         ids = bench.encode_inputs(
             loader.tokenizer(r.tokenizer), bench.read_lines(r.input, r.num_inputs), r.prefix, r.max_input_length
         )
-        engines = 3 + len(r.gammas)  # target alone, auto, each γ, CTranslate2 at 1 and 2 threads
+        engines = 4 + len(r.gammas)  # target alone, auto, each γ, CTranslate2 at 1 and 2 threads
         with tqdm(total=engines * args.rounds * len(args.batch_sizes), desc="engines", file=sys.stderr) as bar:
             ct2 = processes.compare_in_processes(
                 r.target_path,
