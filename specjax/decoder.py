@@ -470,7 +470,6 @@ class Decoder:
           ValueError: everything ``speculative_sample`` / ``temperature_sample`` refuse; a forced gamma that
             is not an int >= 0, or >= 1 without a draft.
         """
-        from specjax.bench.timing import finish
         from specjax.decoding import speculative_sample, temperature_sample
 
         tokens = np.asarray(encoder_input_tokens)
@@ -504,7 +503,7 @@ class Decoder:
                 **self.settings,
                 **self.spec_settings,
             )
-        finish(result)
+        jax.block_until_ready(result)  # a DecodeResult is a pytree: wait for every field before the clock stops
         seconds = time.perf_counter() - t0
         self.last_choice = choice
         if gamma is None and self.gamma == "auto":
