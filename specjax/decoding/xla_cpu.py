@@ -1,7 +1,7 @@
 """XLA:CPU compile options for the decode loops (and the training step): chosen from a profile, applied only
 on CPU, never over a user's ``XLA_FLAGS``.
 
-What the trace showed (issue 10; ``benchmarks/step_cost.py``, ``benchmarks/results/profile_after.md``): at
+What the trace showed (``specjax bench --profile``; ``benchmarks/results/cpu_options/2026-12-01_profile_after.md``): at
 batch 1 the target's (γ + 1)-token verification window spent its time in XLA:CPU's YNNPACK dot fusions
 (``ynn_fusion`` thunks), 2.3-3× one step, while the same dots run by XLA:CPU's own dot thunks cost 1.4-1.5×
 one step (the weights are streamed once for the few rows either way; on this 2-core CPU the decode is bound
@@ -11,7 +11,7 @@ YNNPACK fusions) and ``xla_cpu_use_xnnpack=false`` (window 1.37× a step instead
 alone) when the largest dot has at most ``SMALL_DOT_ROWS`` rows (``b × window``) and the target computes in
 float32, and with XLA's defaults otherwise.
 
-bfloat16 is the other way round (issue 12, the small pair; `benchmarks/dtype_loops.py`): XLA:CPU's own dot
+bfloat16 is the other way round (the small pair; `benchmarks/dtype_loops.py`): XLA:CPU's own dot
 thunks have no native bfloat16 kernel, while YNNPACK's run bfloat16 x bfloat16 -> float32 with AVX512-BF16. With
 the options above a bfloat16 target's speculative loop was slower than the float32 target's (γ 3: 0.90x the
 float32 baseline); with XLA's defaults the same loop ran 1.57x (γ 3) and 1.77x (γ 5) the float32 baseline,
