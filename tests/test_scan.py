@@ -196,3 +196,17 @@ def test_tpu_program_scans():
     stacked = parallel.param_shardings(cfg, mesh, stacked=True)
     assert tuple(stacked["decoder"]["layers"]["mlp"]["wi_0"]["kernel"].spec) == (None, None, "model")
     assert jnp.dtype(kernel.dtype) == jnp.float32
+
+
+def test_stacked_copy_fits_reads_the_devices_free_memory():
+    """The scanned form's stacked weight copy is made only where it fits beside the weights: a device reporting
+    less free memory than the parameters' bytes (× 1.05) keeps the unrolled layers; abstract parameters and
+    devices without memory statistics always fit."""
+    from specjax.models.t5 import _stacked_copy_fits
+
+    params = {"w": jnp.zeros((256, 256), jnp.float32)}  # 262,144 bytes on the one CPU device
+    nbytes = 256 * 256 * 4
+    assert _stacked_copy_fits(params, memory_stats=lambda d: {"bytes_limit": 10 * nbytes, "bytes_in_use": nbytes})
+    assert not _stacked_copy_fits(params, memory_stats=lambda d: {"bytes_limit": 2 * nbytes, "bytes_in_use": nbytes})
+    assert _stacked_copy_fits(params, memory_stats=lambda d: None)
+    assert _stacked_copy_fits({"w": jax.ShapeDtypeStruct((256, 256), jnp.float32)}, memory_stats=lambda d: {})

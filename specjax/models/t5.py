@@ -1154,7 +1154,8 @@ class T5Model:
         ``scan_layers``: run the layers under ``lax.scan`` (``T5Decoding.scan_layers``), with the parameters
         handed over stacked (``stack_layers``: a copy of the layers' weights, made on the first call and kept on
         this object). None (the default) scans for programs compiled for TPU / GPU (the devices or sharding of
-        the parameters: compile time and program size no longer grow with depth) and keeps the layers unrolled
+        the parameters: compile time and program size no longer grow with depth) where that copy fits in the
+        devices' free memory (``_stacked_copy_fits``; abstract parameters always do), and keeps the layers unrolled
         on CPU, where they run faster (``benchmarks/results/scan``), and for traced parameters.
 
         The parameters are ``self.params``, except on a CPU for a bfloat16 / float16 model with its own logits
@@ -1183,7 +1184,9 @@ class T5Model:
         """True when the decode program is compiled for a TPU / GPU (see ``decoding_model``): concrete or abstract
         parameters placed off CPU. Reads the config and one parameter."""
         table = self.params.get("token_embedder", {}).get("embedding") if isinstance(self.params, dict) else None
-        return table is not None and not isinstance(table, jax.core.Tracer) and not _on_cpu(table)
+        if table is None or isinstance(table, jax.core.Tracer) or _on_cpu(table):
+            return False
+        return _stacked_copy_fits(self.params)
 
     def _decode_stacked_params(self) -> Params:
         """``_decode_params()`` with the layers stacked (``stack_layers``), made once and kept (traced: every call)."""
@@ -1228,6 +1231,30 @@ class T5Model:
         decode_params = dict(params, token_embedder=embedder)
         object.__setattr__(self, "_decode_params_cache", decode_params)  # frozen dataclass: a cache, not a field
         return decode_params
+
+
+def _stacked_copy_fits(params, memory_stats=lambda device: device.memory_stats()) -> bool:
+    """Whether the stacked copy of the layers' weights (``stack_layers``, kept beside ``T5Model.params``) fits
+    in the free memory of the devices holding them. Abstract parameters (``jax.ShapeDtypeStruct``: an
+    ahead-of-time compile) always fit; so do devices that report no memory statistics. A model that fills most
+    of its chip (T5-XXL in bfloat16, 22.4 GB, on one 32 GiB v4 chip) keeps the unrolled layers: the same
+    outputs, a longer compile, no second copy of the weights."""
+    leaves = [x for x in jax.tree_util.tree_leaves(params) if isinstance(x, jax.Array)]
+    if not leaves:
+        return True
+    need: dict = {}  # device -> bytes of the stacked copy on it
+    for x in leaves:
+        for shard in x.addressable_shards:
+            need[shard.device] = need.get(shard.device, 0) + shard.data.nbytes
+    for device, nbytes in need.items():
+        try:
+            stats = memory_stats(device) or {}
+        except Exception:  # pragma: no cover - a backend without memory statistics
+            stats = {}
+        limit, used = stats.get("bytes_limit"), stats.get("bytes_in_use", 0)
+        if limit is not None and used + 1.05 * nbytes > limit:
+            return False
+    return True
 
 
 def _on_cpu(x) -> bool:
