@@ -42,6 +42,7 @@ import json
 import math
 import os
 import re
+import sys
 import time
 from typing import Any, Callable, Sequence
 
@@ -607,10 +608,17 @@ def expected_speedup(alpha: float, gamma: int, c: float, window: float = 1.0) ->
 
 
 def _paper_rows(path: str | None) -> list[dict]:
+    """The paper's Table 2 rows (``configs/paper_table2.json`` of a checkout, or ``path``); [] with a warning on
+    stderr when the file is absent (an installed wheel has no ``configs/``) or unreadable."""
     try:
         with open(path or _PAPER_TABLE2) as f:
             return json.load(f)["rows"]
-    except (OSError, KeyError, ValueError):
+    except (OSError, KeyError, ValueError) as e:
+        print(
+            f"specjax aot: no Table 2 projections: cannot read the paper's rows from {path or _PAPER_TABLE2} ({e}); "
+            "run from a checkout or pass the file of configs/paper_table2.json (compile_report(paper_table=...)).",
+            file=sys.stderr,
+        )
         return []
 
 

@@ -130,6 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="specjax", description="Speculative sampling for T5 in JAX (Leviathan et al. 2023, Algorithm 1)."
     )
+    from specjax import __version__
+
+    parser.add_argument("--version", action="version", version=f"specjax {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:
         try:

@@ -40,7 +40,7 @@ def add_parser(sub) -> None:
         "--draft-dtype",
         default=None,
         choices=["float32", "bfloat16"],
-        help="the draft's compute dtype (default: specjax.defaults.DEMO_DTYPES: float32 for both)",
+        help="the draft's compute dtype (default: with --dtype auto, the pair's path for this CPU; else --dtype)",
     )
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument(
