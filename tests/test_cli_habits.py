@@ -27,7 +27,16 @@ def test_unknown_top_level_flag_shows_the_top_level_usage(capsys):
     with pytest.raises(SystemExit) as e:
         main(["--no-such-flag"])
     assert e.value.code == 2
-    assert "usage: specjax [-h] COMMAND" in capsys.readouterr().err
+    assert "usage: specjax [-h] [--version] COMMAND" in capsys.readouterr().err
+
+
+def test_version_flag_prints_the_package_version(capsys):
+    import specjax
+
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out.strip() == f"specjax {specjax.__version__}" == "specjax 0.2.0"
 
 
 def test_a_subcommands_own_check_is_one_line_naming_it(tmp_path, capsys):
