@@ -809,16 +809,29 @@ def init_params(config: T5Config, seed: int = 0) -> Params:
     return nn.unbox(jax.jit(_init_boxed, static_argnums=0)(config, jax.random.PRNGKey(seed)))
 
 
+@functools.lru_cache(maxsize=32)
+def _boxed_shapes_cached(config: T5Config):
+    return jax.eval_shape(functools.partial(_init_boxed, config), jax.random.PRNGKey(0))
+
+
+def _boxed_shapes(config: T5Config):
+    """The boxed (logically partitioned) abstract parameters of ``config``: one trace of the model's init per
+    config (about 1-3 s for T5-XXL), kept; its consumers only map over it, never change it."""
+    try:
+        return _boxed_shapes_cached(config)
+    except TypeError:  # a config with an unhashable field
+        return jax.eval_shape(functools.partial(_init_boxed, config), jax.random.PRNGKey(0))
+
+
 def abstract_params(config: T5Config) -> Params:
     """``jax.ShapeDtypeStruct`` for every parameter, without allocating (used to check checkpoints)."""
-    return nn.unbox(jax.eval_shape(functools.partial(_init_boxed, config), jax.random.PRNGKey(0)))
+    return nn.unbox(_boxed_shapes(config))
 
 
 def param_logical_axes(config: T5Config) -> Params:
     """Logical axis names per parameter (``embed heads joined_kv mlp vocab relpos_buckets``), as
     ``jax.sharding.PartitionSpec`` leaves; ``specjax.parallel`` maps them to mesh axes."""
-    boxed = jax.eval_shape(functools.partial(_init_boxed, config), jax.random.PRNGKey(0))
-    return nn.get_partition_spec(boxed)
+    return nn.get_partition_spec(_boxed_shapes(config))
 
 
 def count_params(params: Params) -> int:
