@@ -165,6 +165,17 @@ class Tokenizer:
         ids = list(self._sp.EncodeAsIds(text))
         return ids + [self.eos_id] if add_eos else ids
 
+    def _ids_before_eos(self, ids: Iterable[int], out_of_range: str) -> list[int]:
+        """``ids`` (1-D) checked, with ids >= ``vocab_size`` mapped to ``unk_id`` when ``out_of_range="unk"``,
+        cut before the first EOS: what ``decode`` turns into text."""
+        ids = np.asarray(ids).reshape(-1).tolist() if not isinstance(ids, list) else ids
+        if out_of_range == "unk":
+            ids = [self.unk_id if int(i) >= self.vocab_size else int(i) for i in ids]
+        elif out_of_range != "raise":
+            raise ValueError(f"out_of_range must be 'raise' or 'unk', got {out_of_range!r}.")
+        ids = self._check_ids(ids)
+        return ids[: ids.index(self.eos_id)] if self.eos_id in ids else ids
+
     def _check_ids(self, ids: Sequence[int], where: str = "") -> list[int]:
         out = [int(i) for i in ids]
         bad = [i for i in out if i < 0 or i >= self.vocab_size]
@@ -186,14 +197,7 @@ class Tokenizer:
         Raises:
           ValueError: an id is negative, or >= ``vocab_size`` with ``out_of_range="raise"``.
         """
-        ids = np.asarray(ids).reshape(-1).tolist() if not isinstance(ids, list) else ids
-        if out_of_range == "unk":
-            ids = [self.unk_id if int(i) >= self.vocab_size else int(i) for i in ids]
-        elif out_of_range != "raise":
-            raise ValueError(f"out_of_range must be 'raise' or 'unk', got {out_of_range!r}.")
-        ids = self._check_ids(ids)
-        if self.eos_id in ids:
-            ids = ids[: ids.index(self.eos_id)]
+        ids = self._ids_before_eos(ids, out_of_range)
         return self._sp.DecodeIds([i for i in ids if i != self.pad_id])
 
     def encode_batch(self, texts: Sequence[str], length: int | None = None, truncate: bool = False) -> np.ndarray:
@@ -290,14 +294,7 @@ class ByteTokenizer(Tokenizer):
         Raises:
           ValueError: an id is negative, or >= ``vocab_size`` with ``out_of_range="raise"``.
         """
-        ids = np.asarray(ids).reshape(-1).tolist() if not isinstance(ids, list) else ids
-        if out_of_range == "unk":
-            ids = [self.unk_id if int(i) >= self.vocab_size else int(i) for i in ids]
-        elif out_of_range != "raise":
-            raise ValueError(f"out_of_range must be 'raise' or 'unk', got {out_of_range!r}.")
-        ids = self._check_ids(ids)
-        if self.eos_id in ids:
-            ids = ids[: ids.index(self.eos_id)]
+        ids = self._ids_before_eos(ids, out_of_range)
         data = bytes(i - self.OFFSET for i in ids if self.OFFSET <= i < 256 + self.OFFSET)
         return data.decode("utf-8", errors="ignore")
 
