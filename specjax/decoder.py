@@ -136,23 +136,30 @@ def _options(rows: int, params):
         return None
 
 
-def _best_seconds(fn, args, repeats: int) -> float:
-    """Least wall time (seconds) of ``fn(*args)`` over ``repeats`` compiled calls (one warm-up call first): the
-    least is the steadiest figure on a shared machine."""
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
+def _least_seconds_interleaved(parts: dict, repeats: int) -> dict:
+    """{name: least wall seconds of ``fn(*args)``} for ``parts`` = {name: (fn, args)}: each compiled and run once
+    untimed, then timed in ``repeats`` rounds that take the parts in turn (a rotating order), keeping each part's
+    least. A burst of load on a shared machine then falls on one round of every part, not on every run of one
+    part, and the least of the rounds is the steadiest figure."""
+    for fn, args in parts.values():
         jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t0)
-    return float(np.min(times))
+    names = list(parts)
+    best = {name: math.inf for name in names}
+    for r in range(repeats):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            fn, args = parts[name]
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn(*args))
+            best[name] = min(best[name], time.perf_counter() - t0)
+    return best
 
 
 WINDOWS_MEASURED = (2, 4, 6, 9)
 """Verification window sizes (tokens, γ + 1) ``measure_costs`` times; the others are interpolated linearly."""
 
 
-def measure_costs(target, draft, tokens, max_decode_length: int, max_gamma: int = 8, repeats: int = 3) -> Costs:
+def measure_costs(target, draft, tokens, max_decode_length: int, max_gamma: int = 8, repeats: int = 5) -> Costs:
     """Times the target's step and windows, the draft's step and the encodes at this batch shape.
 
     Each decode part is the model's real ``DecodingModel`` function called 12 times in a jitted loop (each call
@@ -161,15 +168,18 @@ def measure_costs(target, draft, tokens, max_decode_length: int, max_gamma: int 
     per call. Compiled with the XLA:CPU options the loop of that γ uses (``decoding/xla_cpu.py``), on a cache of
     the loop's length (``T + max_gamma + 1``); the least of ``repeats`` runs after a warm-up, per call. The
     target's one-token step and its windows of ``WINDOWS_MEASURED`` tokens are timed, other windows interpolated
-    linearly in the window size; the draft step once per distinct compile option set; the encodes once.
-    Compile time is not measured. About 5-10 compiles: 20-60 s for the shipped small pair on a 2-core CPU.
+    linearly in the window size; the draft step once per distinct compile option set; the encodes once. The
+    parts are timed in ``repeats`` interleaved rounds (``_least_seconds_interleaved``), so a burst of load on a
+    shared machine cannot make one part look slow beside the others. Compile time is not measured. About 5-10
+    compiles: 20-60 s for the shipped small pair on a 2-core CPU.
 
     Args:
       target: a ``T5Model`` or ``(DecodingModel, params)``.
       draft: the same for the draft, or a draft source without a model (``PromptLookupDraft``: its steps
         cost 0 here).
       tokens: int32[b, s] a batch of the call's shape (its real lengths set the encoder width used).
-      max_decode_length: ``T`` (tokens). max_gamma: the largest γ to cover. repeats: timed calls per part.
+      max_decode_length: ``T`` (tokens). max_gamma: the largest γ to cover. repeats: timed rounds (each part
+        once a round).
     Returns:
       ``Costs`` with ``max_gamma + 1`` entries per field (seconds).
     """
@@ -187,7 +197,8 @@ def measure_costs(target, draft, tokens, max_decode_length: int, max_gamma: int 
     pos = jnp.ones((b,), jnp.int32)
     calls = 12
 
-    def decode_seconds(fns, params, k: int, options) -> float:
+    def decode_part(fns, params, k: int, options):
+        """(fn, args) running ``calls`` decode calls of ``k`` tokens in one jitted loop."""
         enc = jax.jit(fns.encode)(params, x)
 
         def chain(params, enc, cache):  # `calls` decode calls in one loop, each fed the last one's argmax
@@ -198,29 +209,34 @@ def measure_costs(target, draft, tokens, max_decode_length: int, max_gamma: int 
 
             return jax.lax.fori_loop(0, calls, body, (cache, jnp.full((b, k), 3, jnp.int32)))[1]
 
-        run = jax.jit(chain, compiler_options=options)
-        return _best_seconds(run, (params, enc, fns.init_cache(b, length)), repeats) / calls
-
-    def encode_seconds(fns, params) -> float:
-        return _best_seconds(jax.jit(fns.encode), (params, x), repeats)
+        return jax.jit(chain, compiler_options=options), (params, enc, fns.init_cache(b, length))
 
     ks = sorted({k for k in WINDOWS_MEASURED if k <= max_gamma + 1} | {max_gamma + 1} - {1})
-    window = {k: decode_seconds(t_fns, t_params, k, _options(b * k, t_params)) for k in ks}
-    for i, k in enumerate(ks):  # a wider window is never cheaper (on a shared machine noise can say otherwise)
-        window[k] = max(window[j] for j in ks[: i + 1])
-    step = [decode_seconds(t_fns, t_params, 1, _options(b, t_params))]
-    for g in range(1, max_gamma + 1):
-        step.append(float(np.interp(g + 1, ks, [window[k] for k in ks])))
-    by_options: dict = {}  # compile options -> the draft step's seconds under them
-    drafts = [0.0]
+    parts = {("target", 1): decode_part(t_fns, t_params, 1, _options(b, t_params))}
+    parts.update({("target", k): decode_part(t_fns, t_params, k, _options(b * k, t_params)) for k in ks})
+    draft_options: dict = {}  # γ -> the key of the compile options its loop uses (the draft step runs under them)
     for g in range(1, max_gamma + 1):
         options = _options(b * (g + 1), t_params)
         okey = tuple(sorted((options or {}).items()))
-        if okey not in by_options:
-            by_options[okey] = decode_seconds(d_fns, d_params, 1, options) if d_fns is not None else 0.0
-        drafts.append(by_options[okey])
-    e_t = encode_seconds(t_fns, t_params)
-    e_d = encode_seconds(d_fns, d_params) if d_fns is not None else 0.0
+        draft_options[g] = okey
+        if d_fns is not None and ("draft", okey) not in parts:
+            parts[("draft", okey)] = decode_part(d_fns, d_params, 1, options)
+    parts[("encode", "target")] = (jax.jit(t_fns.encode), (t_params, x))
+    if d_fns is not None:
+        parts[("encode", "draft")] = (jax.jit(d_fns.encode), (d_params, x))
+    seconds = _least_seconds_interleaved(parts, repeats)
+
+    window = {k: seconds[("target", k)] / calls for k in ks}
+    for i, k in enumerate(ks):  # a wider window is never cheaper (on a shared machine noise can say otherwise)
+        window[k] = max(window[j] for j in ks[: i + 1])
+    step = [seconds[("target", 1)] / calls]
+    for g in range(1, max_gamma + 1):
+        step.append(float(np.interp(g + 1, ks, [window[k] for k in ks])))
+    drafts = [0.0] + [
+        seconds[("draft", draft_options[g])] / calls if d_fns is not None else 0.0 for g in range(1, max_gamma + 1)
+    ]
+    e_t = seconds[("encode", "target")]
+    e_d = seconds.get(("encode", "draft"), 0.0)
     encodes = [e_t] + [e_t + e_d] * max_gamma
     return Costs(tuple(step), tuple(drafts), tuple(encodes))
 
@@ -372,7 +388,7 @@ class Decoder:
     def _cost_key(self, tokens: np.ndarray) -> str:
         b, s = tokens.shape
         return hardware.CostCache.key(
-            kind="decode-costs-v3",
+            kind="decode-costs-v4",
             target=_model_digest(self.target),
             draft=_model_digest(self.draft) if self.draft is not None else None,
             batch=b,
