@@ -10,18 +10,23 @@ output equals the target's greedy decode token for token).
 The choice (Leviathan et al. 2023, section 3.1 and 3.4). For each candidate γ, the predicted tokens per second
 at this batch shape are ``b·n / seconds(γ)`` with
 
-    seconds(γ) = encode(γ) + (n / E(α, γ)) · (iteration(γ) + overhead(γ)),
+    seconds(γ) = factor(kind of γ) · (encode(γ) + (n / E(α, γ)) · iteration(γ)),
     E(α, γ) = (1 − α^(γ+1)) / (1 − α)                    (expected tokens per iteration, §3.1; E(α, 0) = 1),
     iteration(0) = target step,   iteration(γ) = target window of γ + 1 tokens + γ · draft step,
 
 ``n`` the running mean of a call's longest row (tokens), ``α`` the running acceptance rate, and the costs
 (seconds) measured once per machine and shape with the models' real decode functions jitted alone (with the
 XLA:CPU options the loop of that γ compiles with) and cached on disk (``specjax.hardware.CostCache``).
-``overhead(γ)`` is the median of the last calls' residuals per iteration (measured wall time minus this
-formula's time for the call, with its own α and longest row, over its iterations): what the jitted-alone costs
-miss (the loop's accept/commit work, host dispatch, the longest row's extra iterations in a batch). A
-program's first call compiles: its wall time is never used, so compile time is never charged to a choice (it
-still teaches α).
+``factor`` is what the jitted-alone costs miss, learned from finished calls: the median, over the last calls of
+that kind at this batch size, of measured wall time / this formula's time for the call (with the call's own α and
+longest row). There are two kinds, the target alone (γ 0) and speculative (every γ >= 1: the loop's
+accept/commit work, the draft's catch-up windows, a batch's longest row running extra iterations), so the choice
+between speculative γ follows the smooth cost model and α, not one call's timing; a kind not run yet at this
+batch size borrows the other's factor, so a busy moment of a shared machine, which slows every program alike,
+does not drive the choice to the program not yet timed. Every ``EXPLORE_EVERY`` calls at a batch size, the best
+γ of the other kind is run once when it is predicted within ``EXPLORE_WITHIN`` of the best and has not run for
+that long, so a factor learned in a busy moment is renewed. A program's first call compiles: its wall time is
+never used, so compile time is never charged to a choice (it still teaches α).
 
 α starts from a prior — the shipped pair's recorded α (``specjax.defaults.PAIR_ALPHA``), else 0.6 — and is
 updated after every finished call from its ``DecodeResult`` (the paper's α: Σ β / Σ verified positions), with
@@ -41,7 +46,17 @@ import numpy as np
 
 from specjax import hardware
 
-__all__ = ["CANDIDATES", "DEFAULT_ALPHA", "Costs", "Choice", "Decoder", "expected_tokens", "measure_costs"]
+__all__ = [
+    "CANDIDATES",
+    "DEFAULT_ALPHA",
+    "EXPLORE_EVERY",
+    "EXPLORE_WITHIN",
+    "Costs",
+    "Choice",
+    "Decoder",
+    "expected_tokens",
+    "measure_costs",
+]
 
 CANDIDATES = tuple(range(9))
 """The γ values ``gamma="auto"`` chooses from: 0 (the target alone) and 1..8 draft tokens per iteration."""
@@ -49,7 +64,12 @@ DEFAULT_ALPHA = 0.6
 """The α prior for a pair with no recorded α."""
 _PRIOR_WEIGHT = 40.0  # verified positions the prior counts for
 _DECAY = 0.9  # weight of earlier calls' evidence at each update (α, lengths)
-_RECENT = 8  # calls whose time residual a γ keeps
+_RECENT = 8  # calls whose time factor a kind of program keeps
+EXPLORE_EVERY = 16
+"""auto runs the best γ of the kind (target alone / speculative) it has not run for this many calls at a batch
+size once, when that γ is predicted within ``EXPLORE_WITHIN`` of the best: its learned factor is renewed."""
+EXPLORE_WITHIN = 0.8
+"""The least predicted tokens/s, as a fraction of the best, at which the other kind is explored."""
 SWITCH_MARGIN = 0.05
 """auto keeps the γ of its previous call at the same batch size unless another is predicted this much faster
 (a fraction): predictions a few per cent apart are within a shared machine's noise, and every new γ compiles
@@ -241,6 +261,17 @@ def measure_costs(target, draft, tokens, max_decode_length: int, max_gamma: int 
     return Costs(tuple(step), tuple(drafts), tuple(encodes))
 
 
+def _kind(gamma: int) -> str:
+    """The kind of program a γ runs: "target alone" (γ 0, ``temperature_sample``) or "speculative"."""
+    return "target alone" if gamma == 0 else "speculative"
+
+
+def _model_seconds(costs: Costs, gamma: int, n: float, alpha: float) -> float:
+    """The cost model's seconds for a call at ``gamma`` whose longest row is ``n`` tokens at acceptance rate
+    ``alpha``: encode + (n / E(α, γ)) iterations (at least one) of ``costs.iteration(gamma)`` (module docstring)."""
+    return costs.encode[gamma] + max(n / expected_tokens(alpha, gamma), 1.0) * costs.iteration(gamma)
+
+
 def _model_digest(model) -> str:
     """A digest of what a model's costs depend on: its ``DecodingModel`` (config, kv dtype), parameter
     dtypes and shapes (not values)."""
@@ -371,7 +402,9 @@ class Decoder:
         self._alpha = {"greedy": _Running(prior[0], _PRIOR_WEIGHT), "sampled": _Running(prior[1], _PRIOR_WEIGHT)}
         self.cost_cache = hardware.CostCache() if cost_cache is None else (cost_cache or None)
         self.costs: dict = dict(costs or {})
-        self._residuals: dict = {}  # (b, γ) -> the last calls' wall seconds minus the measured parts' seconds
+        self._factors: dict = {}  # (b, kind) -> the last calls' wall seconds / the formula's seconds
+        self._calls: dict = {}  # b -> auto calls at this batch size
+        self._kind_ran: dict = {}  # (b, kind) -> the index (in self._calls[b]) of the last call of that kind
         self._longest: dict = {}  # b -> _Running of the longest row (tokens)
         self._compiled: set = set()  # program keys that have run once (compiled)
         self._last_gamma: dict = {}  # b -> the γ auto ran last at this batch size
@@ -431,22 +464,19 @@ class Decoder:
         for g in self.candidates:
             if g > costs.max_gamma:
                 continue
-            iteration = costs.iteration(g)
-            iteration = max(iteration + self.overhead(batch, g), iteration / 2)  # a residual never halves it
-            out[g] = batch * n / max(costs.encode[g] + n / expected_tokens(alpha, g) * iteration, 1e-12)
+            seconds = _model_seconds(costs, g, n, alpha) * self.factor(batch, g)
+            out[g] = batch * n / max(seconds, 1e-12)
         return out
 
-    def overhead(self, batch: int, gamma: int) -> float:
-        """Seconds per loop iteration that calls at ``gamma`` took beyond their measured parts (the loop's
-        sampling, accept and commit work, the draft's catch-up windows, host dispatch spread over the
-        iterations, a batch's longest row running extra iterations): the median of its last calls' residuals;
-        for a speculative γ not run yet, the median over the other speculative γ; else 0 (the target alone's
-        loop is not charged the speculative loop's extra work)."""
-        own = self._residuals.get((batch, gamma))
+    def factor(self, batch: int, gamma: int) -> float:
+        """Measured / modelled seconds for calls of ``gamma``'s kind (0: the target alone; >= 1: speculative) at
+        this batch size: the median of that kind's last calls; a kind not run yet borrows the other's; 1.0 before
+        any call. See the module docstring."""
+        own = self._factors.get((batch, _kind(gamma)))
         if own:
             return float(np.median(own))
-        same = [r for (b, g), rs in self._residuals.items() if b == batch and g > 0 and gamma > 0 for r in rs]
-        return float(np.median(same)) if same else 0.0
+        other = self._factors.get((batch, _kind(1 - min(gamma, 1))))
+        return float(np.median(other)) if other else 1.0
 
     def choose(self, tokens, temperature) -> Choice:
         """The ``Choice`` for a call on ``tokens`` int[b, s] at ``temperature`` (float or float[b]); measures the
@@ -465,10 +495,18 @@ class Decoder:
         kept = last is not None and last in predicted and predicted[best] <= predicted[last] * (1 + SWITCH_MARGIN)
         if kept:
             best = last
+        why = f" (kept: no γ predicted {SWITCH_MARGIN:.0%} faster)" if kept else ""
+        other = {g: v for g, v in predicted.items() if _kind(g) != _kind(best)}
+        calls = self._calls.get(b, 0)
+        if other and calls >= EXPLORE_EVERY:
+            alt = max(other, key=other.get)
+            stale = calls - self._kind_ran.get((b, _kind(alt)), -1) > EXPLORE_EVERY
+            if stale and other[alt] >= EXPLORE_WITHIN * predicted[best]:
+                best, kept = alt, False
+                why = f" (explored: the {_kind(alt)} had not run for {EXPLORE_EVERY} calls)"
         base = predicted.get(0)
         vs = f", {predicted[best] / base:.2f}x the target alone" if base else ""
         what = "the target alone" if best == 0 else f"γ {best}"
-        why = f" (kept: no γ predicted {SWITCH_MARGIN:.0%} faster)" if kept else ""
         return Choice(
             best, predicted, alpha, f"auto: {what} predicted {predicted[best]:.0f} tok/s{vs} (α {alpha:.3f}){why}"
         )
@@ -522,14 +560,22 @@ class Decoder:
         jax.block_until_ready(result)  # a DecodeResult is a pytree: wait for every field before the clock stops
         seconds = time.perf_counter() - t0
         self.last_choice = choice
-        if gamma is None and self.gamma == "auto":
-            self._last_gamma[tokens.shape[0]] = g
+        if self.gamma == "auto":
+            self._note_run(tokens.shape[0], choice, forced=gamma is not None)
         self._learn(tokens, temperature, g, jax.device_get(result), seconds)
         return result
 
+    def _note_run(self, batch: int, choice: Choice, forced: bool) -> None:
+        """Books an auto decoder's call at ``batch`` rows: the γ to keep (not a forced or an explored one), the
+        call count and when each kind last ran (for ``EXPLORE_EVERY``)."""
+        if not forced and "(explored:" not in choice.reason:
+            self._last_gamma[batch] = choice.gamma
+        self._kind_ran[(batch, _kind(choice.gamma))] = self._calls.get(batch, 0)
+        self._calls[batch] = self._calls.get(batch, 0) + 1
+
     def _learn(self, tokens: np.ndarray, temperature, gamma: int, result, seconds: float) -> None:
         """Updates α (per greedy / sampled rows), the longest-row estimate and, for a program that had already
-        compiled, the time residual of ``gamma``."""
+        compiled, the time factor of ``gamma``'s kind."""
         b = tokens.shape[0]
         temps = np.broadcast_to(np.asarray(temperature, np.float64), (b,))
         beta, verified = np.asarray(result.beta_sum, np.float64), np.asarray(result.num_verified, np.float64)
@@ -552,8 +598,6 @@ class Decoder:
         if costs is None or gamma > costs.max_gamma:
             return
         a = call_alpha if not math.isnan(call_alpha) else self.alpha(float(np.mean(temps <= 0)))
-        iterations = max(longest / expected_tokens(a, gamma), 1.0)
-        model_seconds = costs.encode[gamma] + iterations * costs.iteration(gamma)
-        recent = self._residuals.setdefault((b, gamma), [])
-        recent.append((seconds - model_seconds) / iterations)
+        recent = self._factors.setdefault((b, _kind(gamma)), [])
+        recent.append(seconds / max(_model_seconds(costs, gamma, longest, a), 1e-12))
         del recent[:-_RECENT]

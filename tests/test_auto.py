@@ -71,7 +71,7 @@ def test_auto_samples_match_the_target_distribution_while_gamma_changes(tiny_pai
     observed, ran = {}, []
     for c, gamma in enumerate((0, 1, 3, 6, 3, 1)):
         decoder.costs[rows] = tables[gamma]
-        decoder._residuals.clear()  # residuals of real calls against these made-up seconds would be meaningless
+        decoder._factors.clear()  # factors of real calls against these made-up seconds would be meaningless
         r = decoder(np.tile(inputs, (rows, 1)), rng=jax.random.PRNGKey(500 + c), temperature=1.0)
         ran.append(decoder.last_choice.gamma)
         print(decoder.last_choice.describe())
@@ -121,6 +121,68 @@ def test_no_draft_when_the_draft_costs_as_much_as_the_target(tiny_pair):
             target, draft, max_decode_length=40, alpha_prior=alpha, cost_cache=False, costs={1: _flat_costs(1, 1, 1)}
         )
         assert decoder.choose(np.ones((1, 5), np.int32), 0.0).gamma == 0
+
+
+def _finished(b: int, length: int, alpha: float):
+    """A stand-in for a finished call's ``DecodeResult`` (what ``Decoder._learn`` reads): b rows of ``length``
+    tokens, 10 verified positions each at acceptance rate ``alpha``."""
+    import types
+
+    return types.SimpleNamespace(
+        beta_sum=np.full((b,), 10 * alpha), num_verified=np.full((b,), 10.0), lengths=np.full((b,), length)
+    )
+
+
+def _teach(decoder, x, gamma: int, slowdown: float, alpha: float = 0.8, length: int = 20) -> None:
+    """Feeds the decoder one call at ``gamma`` that took ``slowdown`` x the cost model's seconds (its program
+    already compiled: the first call of a program teaches no time)."""
+    from specjax.decoder import _model_seconds
+
+    seconds = slowdown * _model_seconds(decoder.costs[x.shape[0]], gamma, length, alpha)
+    for _ in range(2):
+        decoder._learn(x, 0.0, gamma, _finished(x.shape[0], length, alpha), seconds)
+
+
+def test_a_busy_moment_does_not_drive_auto_to_the_program_not_yet_timed(tiny_pair):
+    """Calls of the speculative γ that ran 3x slower than the cost model (the machine busy: every program
+    slower alike) leave the choice on that γ: the target alone, not run yet, borrows the same factor; once the
+    target alone has run at the model's speed, the same evidence does move the choice to it."""
+    target, draft = tiny_pair
+    costs = _flat_costs(1.0, 1.1, 0.05)  # a cheap draft: speculative clearly ahead on the model
+    decoder = Decoder(target, draft, max_decode_length=40, alpha_prior=0.8, cost_cache=False, costs={1: costs})
+    x = np.ones((1, 5), np.int32)
+    first = decoder.choose(x, 0.0)
+    assert first.gamma >= 1
+    for _ in range(4):
+        _teach(decoder, x, first.gamma, slowdown=3.0)
+    assert decoder.factor(1, first.gamma) == pytest.approx(3.0)
+    assert decoder.factor(1, 0) == pytest.approx(3.0)  # borrowed
+    assert decoder.choose(x, 0.0).gamma == first.gamma
+    for _ in range(4):
+        _teach(decoder, x, 0, slowdown=1.0)
+    assert decoder.factor(1, 0) == pytest.approx(1.0)
+    assert decoder.choose(x, 0.0).gamma == 0  # 3x on speculative calls against 1x: the target alone wins
+
+
+def test_auto_explores_the_other_kind_every_explore_every_calls(tiny_pair):
+    """With the target alone predicted within EXPLORE_WITHIN of the best speculative γ and not run for
+    EXPLORE_EVERY calls, auto runs it once (and says so), then returns to the best γ."""
+    from specjax.decoder import EXPLORE_EVERY, EXPLORE_WITHIN
+
+    target, draft = tiny_pair
+    costs = _flat_costs(1.0, 1.0, 0.15)  # at α 0.4: γ 1 predicted about 1.2x the target alone
+    decoder = Decoder(target, draft, max_decode_length=40, alpha_prior=0.4, cost_cache=False, costs={1: costs})
+    x = np.ones((1, 5), np.int32)
+    predicted = decoder.choose(x, 0.0).predicted
+    best = max(predicted, key=predicted.get)
+    assert best >= 1 and EXPLORE_WITHIN * predicted[best] <= predicted[0] < predicted[best]
+    ran = []
+    for _ in range(EXPLORE_EVERY + 2):
+        choice = decoder.choose(x, 0.0)
+        ran.append(choice.gamma)
+        decoder._note_run(1, choice, forced=False)  # what a call books (no decode needed for the choice)
+    assert ran[:EXPLORE_EVERY] == [best] * EXPLORE_EVERY
+    assert ran[EXPLORE_EVERY] == 0 and ran[EXPLORE_EVERY + 1] == best
 
 
 def test_alpha_is_learned_separately_for_greedy_and_sampled_rows(tiny_pair):
