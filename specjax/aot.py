@@ -72,6 +72,7 @@ __all__ = [
     "memory_estimate",
     "choose_mesh",
     "loop_analysis",
+    "hbm_traffic",
     "expected_speedup",
     "compile_report",
     "format_report",
@@ -238,21 +239,37 @@ def resolve_config(spec: str | T5Config, dtype: str) -> T5Config:
 # Memory before compiling
 
 
-def _sharded_bytes(config: T5Config, mesh, rules) -> tuple[int, int]:
-    """(bytes per device of all parameters, of the decoder-side ones: everything but ``encoder/``) when
-    placed with ``param_shardings(config, mesh, rules)``."""
+def _sharded_bytes(config: T5Config, mesh, rules) -> tuple[int, int, int]:
+    """(bytes per device of all parameters, of the decoder-side ones: everything but ``encoder/``, of those a
+    decode step reads: ``_read_by_step``) when placed with ``param_shardings(config, mesh, rules)``."""
     shapes = t5.abstract_params(config)
     shardings = parallel.param_shardings(config, mesh, rules)
-    total = decoder = 0
+    total = decoder = step = 0
     for (path, x), s in zip(
         jax.tree_util.tree_flatten_with_path(shapes)[0], jax.tree_util.tree_leaves(shardings), strict=True
     ):
         ways = math.prod(mesh.shape[a] for a in s.spec if a is not None)
         nbytes = math.prod(x.shape) * jnp.dtype(x.dtype).itemsize // ways
+        name = parallel._path_name(path)
         total += nbytes
-        if parallel._path_name(path).split("/")[0] != "encoder":
+        if name.split("/")[0] != "encoder":
             decoder += nbytes
-    return total, decoder
+        if _read_by_step(config, name):
+            step += nbytes
+    return total, decoder, step
+
+
+def _read_by_step(config: T5Config, name: str) -> bool:
+    """Whether a decode step reads the parameter ``name`` (``decoder/layers_0/mlp/wo/kernel``) whole: not the
+    encoder, not the cross-attention key / value kernels (``encode`` applies them once per call, making the
+    memory the step reads) and not the embedding table unless the logits go through it (T5 1.0): a step looks up
+    k of its rows."""
+    parts = name.split("/")
+    if parts[0] == "encoder":
+        return False
+    if parts[0] == "decoder" and "encoder_decoder_attention" in parts and parts[-2] in ("key", "value"):
+        return False
+    return parts[0] != "token_embedder" or config.logits_via_embedding
 
 
 def _memory_bytes(config: T5Config, rows: int, s: int, length: int, heads_ways: int) -> int:
@@ -281,8 +298,9 @@ def memory_estimate(
     both models replicated, ``ceil(b / D)`` rows per device.
 
     Returns:
-      ``{"target_params", "draft_params", "caches", "total"}`` (bytes per device) and ``"target_decoder_params"``
-      (the target's parameters but its encoder: what a decode step reads).
+      ``{"target_params", "draft_params", "caches", "total"}`` (bytes per device), ``"target_decoder_params"``
+      (the target's parameters but its encoder) and ``"target_step_params"`` (those a decode step reads:
+      ``_read_by_step``).
     Raises:
       ValueError: a ``model`` size that does not divide a sharded dimension (``param_shardings``).
     """
@@ -291,14 +309,21 @@ def memory_estimate(
         rows, ways, tmesh = -(-batch // mesh.devices.size), 1, one
     else:
         rows, ways, tmesh = -(-batch // mesh.shape["data"]), mesh.shape["model"], mesh
-    tp, td = _sharded_bytes(target, tmesh, rules)
+    tp, td, ts = _sharded_bytes(target, tmesh, rules)
     length = output_length + gamma + 1
     caches = _memory_bytes(target, rows, input_length, length, ways)
     dp = 0
     if draft is not None:
         dp = _sharded_bytes(draft, one, rules)[0]
         caches += _memory_bytes(draft, rows, input_length, length, 1)
-    return dict(target_params=tp, target_decoder_params=td, draft_params=dp, caches=caches, total=tp + dp + caches)
+    return dict(
+        target_params=tp,
+        target_decoder_params=td,
+        target_step_params=ts,
+        draft_params=dp,
+        caches=caches,
+        total=tp + dp + caches,
+    )
 
 
 def _mesh(devices, data: int, model: int):
@@ -525,6 +550,148 @@ def loop_analysis(hlo: str, cache_layer_bytes: int | None = None) -> dict:
     return out
 
 
+_LAYOUT_ARRAY_RE = re.compile(r"\b(pred|[sufc]\d+|bf16)\[([\d,]*)\](\{[^}]*\})?")
+_NO_TRAFFIC = {
+    "parameter",
+    "constant",
+    "get-tuple-element",
+    "tuple",
+    "bitcast",
+    "after-all",
+    "opt-barrier",
+    "partition-id",
+    "replica-id",
+}
+_IN_PLACE = ("dynamic-update-slice", "scatter")  # operand 0 is updated where it lies: only the update moves
+_SLICING = ("dynamic-slice", "slice", "gather")  # operand 0 is read only where the output comes from
+
+
+def _arrays(shape: str) -> list[tuple[int, int]]:
+    """``(bytes, memory space)`` of each array of an HLO shape string; memory space 0 (no ``S(n)`` in the layout) is
+    HBM, ``S(1)`` … are the chip's on-chip memories (``S(5)``: host)."""
+    out = []
+    for dtype, dims, layout in _LAYOUT_ARRAY_RE.findall(shape):
+        nbytes = _DTYPE_BYTES.get(dtype, 4) * math.prod(int(d) for d in dims.split(",") if d)
+        space = re.search(r"S\((\d+)\)", layout or "")
+        out.append((int(nbytes), int(space.group(1)) if space else 0))
+    return out
+
+
+def _hbm_bytes(shape: str) -> int:
+    return sum(n for n, space in _arrays(shape) if space == 0)
+
+
+def _operands(rest: str) -> list[str]:
+    """Names of an instruction's operands (inside the parentheses after its opcode)."""
+    start, depth = rest.index("("), 0
+    end = len(rest)
+    for index in range(start, len(rest)):
+        depth += (rest[index] == "(") - (rest[index] == ")")
+        if depth == 0:
+            end = index
+            break
+    return re.findall(r"%([\w.\-]+)", rest[start:end])
+
+
+def _fused_read(comps: dict, fused: str, index: int, full: int) -> int:
+    """Bytes a fusion reads of its operand ``index`` (``full`` bytes): only the slices / gathered rows when every
+    use of the parameter (through bitcasts) slices it, nothing when it is only updated in place, else all."""
+    ops = comps.get(fused, [])
+    params = [i[0] for i in ops if i[2] == "parameter" and re.match(rf"parameter\({index}\)", i[3])]
+    if not params:
+        return full
+    total, frontier = 0, [params[0]]
+    while frontier:
+        name = frontier.pop()
+        for user, shape, op, rest in ops:
+            if op == "parameter" or name not in _operands(rest):
+                continue
+            first = _operands(rest)[0] == name
+            if op == "bitcast":
+                frontier.append(user)
+            elif op in _SLICING and first:
+                total += sum(n for n, _ in _arrays(shape))
+            elif not (op in _IN_PLACE and first):
+                return full
+    return min(total, full)
+
+
+def _fused_write(comps: dict, fused: str, shape: str) -> int:
+    """Bytes a fusion writes to HBM: its HBM outputs, or only the update of an in-place root (a
+    ``dynamic-update-slice`` / ``scatter`` of a parameter)."""
+    ops = comps.get(fused, [])
+    written = _hbm_bytes(shape)
+    if not ops or not written or ops[-1][2] not in _IN_PLACE:
+        return written
+    shapes = {i[0]: i[1] for i in ops}
+    update = _operands(ops[-1][3])[-1 if ops[-1][2] == "scatter" else 1]
+    return sum(n for n, _ in _arrays(shapes.get(update, "")))
+
+
+def hbm_traffic(hlo: str) -> dict:
+    """An estimate of the bytes a compiled TPU program moves between HBM and the chip, read from its HLO text:
+    each buffer moved between HBM and on-chip memory counted once.
+
+    XLA's ``cost_analysis()["bytes accessed"]`` sums every instruction's operand and output bytes wherever they
+    live. XLA:TPU's memory-space assignment prefetches weights, caches and activations into on-chip memory
+    (``copy-start`` / ``slice-start`` into a layout with ``S(n)``) before the instruction that reads them, so a
+    prefetched kernel is counted there three times (read from HBM, written on chip, read on chip by its dot).
+    Here an array in HBM (no ``S(n)`` in its layout) is counted when an instruction reads or writes it: a
+    prefetch or write-back once, on its HBM side; a fusion's HBM operands by what it reads of them (only the
+    slices or gathered rows when it slices them, nothing for an operand it updates in place) and its HBM
+    outputs (an in-place update: the update only); on-chip operands and outputs are not counted. Instructions
+    inside while loops count their trip count times when it is static (``_trip_count``), once otherwise.
+
+    It is a reading of the compiled program's memory spaces, not a run and not XLA's model: it assumes every
+    HBM access moves its bytes once and says nothing of bandwidth achieved, overlap or on-chip traffic.
+
+    Args:
+      hlo: ``compiled.as_text()`` of a TPU executable.
+    Returns:
+      ``{"bytes": total HBM bytes per device, "by_opcode": {opcode: bytes}}``.
+    """
+    comps, entry = _computations(hlo)
+    by_opcode: dict[str, int] = {}
+
+    def walk(name: str, times: int) -> None:
+        shapes = {ins[0]: ins[1] for ins in comps.get(name, [])}
+        for _, shape, op, rest in comps.get(name, []):
+            if op in _NO_TRAFFIC or op.endswith("-done"):
+                continue
+            if op in ("while", "conditional", "call"):
+                trips = 1
+                if op == "while":
+                    cond = re.search(r"condition=%?([\w.\-]+)", rest)
+                    trips = (_trip_count(comps, cond.group(1)) if cond else None) or 1
+                for sub in _called(rest):
+                    walk(sub, times * trips)
+                continue
+            inputs = [shapes.get(o, "") for o in _operands(rest)]
+            arrays = _arrays(shape)
+            if op == "copy-start" and len(arrays) >= 2:  # (destination, source, context)
+                moved = sum(n for n, space in arrays[:2] if space == 0)
+            elif op == "slice-start" and len(arrays) >= 2:  # ((source), destination, context)
+                (_, source), (size, destination) = arrays[0], arrays[1]
+                moved = size * ((source == 0) + (destination == 0))
+            elif op == "fusion":
+                fused = re.search(r"calls=%?([\w.\-]+)", rest).group(1)
+                moved = sum(_fused_read(comps, fused, i, _hbm_bytes(x)) for i, x in enumerate(inputs) if _hbm_bytes(x))
+                moved += _fused_write(comps, fused, shape)
+            elif op in _IN_PLACE and len(inputs) >= 2:
+                update = inputs[-1 if op == "scatter" else 1]
+                moved = _hbm_bytes(update) + (sum(n for n, _ in _arrays(update)) if _hbm_bytes(shape) else 0)
+            elif op in _SLICING and inputs:
+                moved = (sum(n for n, _ in arrays) if _hbm_bytes(inputs[0]) else 0) + _hbm_bytes(shape)
+            else:
+                moved = sum(_hbm_bytes(x) for x in inputs) + _hbm_bytes(shape)
+            if moved:
+                by_opcode[op] = by_opcode.get(op, 0) + times * moved
+
+    if entry is not None:
+        walk(entry, 1)
+    return dict(bytes=int(sum(by_opcode.values())), by_opcode=dict(sorted(by_opcode.items(), key=lambda kv: -kv[1])))
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Compiling
 
@@ -667,9 +834,12 @@ def compile_report(
       a JSON-ready dict: ``topology``, ``chip``, ``mesh``, ``settings``, ``memory_estimate``, ``programs`` (list of
       ``name, compiled, compile_seconds, generated_code_bytes, bytes_per_device{arguments, temporaries, output},
       hbm_bytes``, ``loop`` (``loop_analysis``) or ``error``), ``pieces`` (``target_step``, ``target_window``,
-      ``draft_step``: ``flops, bytes_accessed, hbm_seconds, mxu_seconds, estimate_seconds, floor_seconds``),
-      ``c``, ``window_over_step``, ``projections`` (``task, draft, temperature, gamma, paper_alpha, paper_speedup,
-      paper_expected, projected_speedup``) and ``cost_model_note``.
+      ``draft_step``: XLA's ``flops, bytes_accessed, hbm_seconds, mxu_seconds, cost_model_seconds``; the HBM
+      traffic read from the HLO ``hbm_traffic_bytes, traffic_seconds``; ``estimate_seconds`` = max(traffic,
+      MXU); ``floor_bytes, floor_seconds, decoder_floor_bytes``: ``_piece_costs``), ``c``, ``window_over_step``,
+      ``window_over_step_by_gamma`` (from ``estimate_seconds``) and the same from XLA's cost model (``c_cost_model``
+      …), ``projections`` (``task, draft, temperature, gamma, paper_alpha, paper_speedup, paper_expected,
+      projected_speedup, projected_speedup_cost_model``) and ``cost_model_note``.
     Raises:
       LibtpuMissing: no libtpu. DoesNotFit: the configuration exceeds a device's HBM (before compiling).
       ValueError: unknown topology / preset, a malformed mesh or one whose sizes do not match the slice.
@@ -718,9 +888,13 @@ def compile_report(
         programs=[],
         pieces={},
         cost_model_note=(
-            "Times are XLA's cost model (cost_analysis flops and bytes accessed over the chip's peak bf16 "
-            "FLOP/s and HBM bandwidth; estimate = the larger), not a measurement. Pieces are compiled with the "
-            "layers unrolled (cost_analysis counts a loop body once)."
+            "No time here is a measurement. estimate_seconds (used for c, window / step and the projections) is "
+            "the larger of the HBM traffic read from the compiled HLO (each buffer moved between HBM and on-chip "
+            "memory counted once: hbm_traffic) over the chip's HBM bandwidth and XLA's flops over its peak bf16 "
+            "FLOP/s; cost_model_seconds is XLA's cost model as it stands (cost_analysis bytes accessed, which "
+            "counts each on-chip prefetch of a kernel or cache as more accesses, over the bandwidth, or the MXU "
+            "time if larger). floor = (weights a step reads + caches and cross-attention memory, per device) / "
+            "bandwidth. Pieces are compiled with the layers unrolled (cost_analysis counts a loop body once)."
         ),
     )
     rows = -(-batch // (topo.devices if data_parallel else data))
@@ -846,11 +1020,17 @@ def _pieces(
         drules = parallel._drop_axis(rules, "data")  # the draft replicated over "model", as the loop has it
         dfns, dparams = _unrolled(dcfg, mesh, drules)
         todo.append(("draft_step", dfns, dparams, drules, 1, shape["gamma"]))
-    floors = dict(
-        target=(need["target_decoder_params"] + _memory_bytes(tcfg, rows, s, length, heads_ways)),
+    floors = dict(  # (what a step reads of the weights, the whole decoder's weights), each + caches and memory
+        target=(
+            need["target_step_params"] + _memory_bytes(tcfg, rows, s, length, heads_ways),
+            need["target_decoder_params"] + _memory_bytes(tcfg, rows, s, length, heads_ways),
+        ),
         draft=None
         if dcfg is None
-        else _sharded_bytes(dcfg, _mesh(devices[:1], 1, 1), rules)[1] + _memory_bytes(dcfg, rows, s, length, 1),
+        else tuple(
+            _sharded_bytes(dcfg, _mesh(devices[:1], 1, 1), rules)[i] + _memory_bytes(dcfg, rows, s, length, 1)
+            for i in (2, 1)
+        ),
     )
     out, windows = {}, {}
     for name, fns, params, prules, window, g in todo:
@@ -862,32 +1042,58 @@ def _pieces(
         trace = _piece_trace(fns, params, mesh, prules, total_rows, s, cache_length, window)
         record, compiled = _compile(name, trace, chip.hbm_bytes)
         if compiled is not None:
-            record.update(_costs(compiled))
-            record["hbm_seconds"] = record["bytes_accessed"] / chip.hbm_bandwidth
-            record["mxu_seconds"] = record["flops"] / chip.peak_flops
-            record["estimate_seconds"] = max(record["hbm_seconds"], record["mxu_seconds"])
-            floor = floors["draft" if name == "draft_step" else "target"]
-            record["floor_bytes"] = floor
-            record["floor_seconds"] = floor / chip.hbm_bandwidth
-        log(f"  {name}: " + (f"{record['estimate_seconds'] * 1e3:.2f} ms (model)" if compiled else record["error"]))
+            record.update(_piece_costs(compiled, chip, floors["draft" if name == "draft_step" else "target"]))
+        log(
+            f"  {name}: "
+            + (
+                f"{record['estimate_seconds'] * 1e3:.2f} ms (HBM traffic estimate), "
+                f"{record['cost_model_seconds'] * 1e3:.2f} ms (XLA's cost model)"
+                if compiled
+                else record["error"]
+            )
+        )
         out[name] = record
-    step = out["target_step"].get("estimate_seconds")
-    for g in gammas:
-        w = out[f"target_window_{g}"].get("estimate_seconds")
-        if step and w:
-            windows[str(g)] = w / step
+    for key in ("estimate_seconds", "cost_model_seconds"):
+        step = out["target_step"].get(key)
+        for g in gammas:
+            w = out[f"target_window_{g}"].get(key)
+            if step and w:
+                windows.setdefault(key, {})[str(g)] = w / step
     out["target_window"] = out[f"target_window_{shape['gamma']}"]
     return out, windows
 
 
+def _piece_costs(compiled, chip: Chip, floor: tuple[int, int]) -> dict:
+    """A piece's costs: XLA's (``flops``, ``bytes_accessed``; ``hbm_seconds`` = bytes accessed / bandwidth,
+    ``mxu_seconds`` = flops / peak, ``cost_model_seconds`` the larger), the HBM traffic read from its HLO
+    (``hbm_traffic_bytes``, ``traffic_seconds``; ``estimate_seconds`` = the larger of it and ``mxu_seconds``:
+    what c, window / step and the projections use), and the floors (``floor_bytes``: the weights a step reads +
+    caches and memory, per device; ``decoder_floor_bytes``: every decoder-side weight + caches and memory)."""
+    out = _costs(compiled)
+    out["hbm_traffic_bytes"] = hbm_traffic(compiled.as_text())["bytes"]
+    out["hbm_seconds"] = out["bytes_accessed"] / chip.hbm_bandwidth
+    out["mxu_seconds"] = out["flops"] / chip.peak_flops
+    out["cost_model_seconds"] = max(out["hbm_seconds"], out["mxu_seconds"])
+    out["traffic_seconds"] = out["hbm_traffic_bytes"] / chip.hbm_bandwidth
+    out["estimate_seconds"] = max(out["traffic_seconds"], out["mxu_seconds"])
+    out["floor_bytes"], out["decoder_floor_bytes"] = floor
+    out["floor_seconds"] = floor[0] / chip.hbm_bandwidth
+    return out
+
+
 def _summarise(report: dict, paper_rows: list[dict]) -> None:
-    """Adds ``c``, ``window_over_step`` and ``projections`` from the pieces."""
+    """Adds ``c``, ``window_over_step`` and ``projections`` from the pieces' ``estimate_seconds`` (HBM traffic
+    read from the HLO, or the MXU time if larger), and the same from XLA's raw cost model (``cost_model_seconds``)
+    as ``c_cost_model``, ``window_over_step_cost_model`` and each projection's ``projected_speedup_cost_model``."""
     pieces = report["pieces"]
-    step = pieces.get("target_step", {}).get("estimate_seconds")
-    draft = pieces.get("draft_step", {}).get("estimate_seconds")
-    window = pieces.get("target_window", {}).get("estimate_seconds")
-    report["c"] = draft / step if step and draft else None
-    report["window_over_step"] = window / step if step and window else None
+    by_gamma = report.pop("window_over_step_by_gamma", {}) or {}
+    for key, suffix in (("estimate_seconds", ""), ("cost_model_seconds", "_cost_model")):
+        step = pieces.get("target_step", {}).get(key)
+        draft = pieces.get("draft_step", {}).get(key)
+        window = pieces.get("target_window", {}).get(key)
+        report["c" + suffix] = draft / step if step and draft else None
+        report["window_over_step" + suffix] = window / step if step and window else None
+        report["window_over_step_by_gamma" + suffix] = by_gamma.get(key, {})
     report["paper_c"] = PAPER_C.get(report["draft"])
     projections = []
     for row in paper_rows:
@@ -895,6 +1101,8 @@ def _summarise(report: dict, paper_rows: list[dict]) -> None:
             continue
         alpha, g = row["paper"]["alpha"], row["gamma"]
         w = report["window_over_step_by_gamma"].get(str(g), report["window_over_step"])
+        w_model = report["window_over_step_by_gamma_cost_model"].get(str(g), report["window_over_step_cost_model"])
+        raw = None if report["c_cost_model"] is None else expected_speedup(alpha, g, report["c_cost_model"], w_model)
         projections.append(
             dict(
                 task=row["task"],
@@ -908,6 +1116,7 @@ def _summarise(report: dict, paper_rows: list[dict]) -> None:
                 ),
                 window_over_step=w,
                 projected_speedup=round(expected_speedup(alpha, g, report["c"], w), 3),
+                projected_speedup_cost_model=None if raw is None else round(raw, 3),
             )
         )
     report["projections"] = projections
@@ -951,12 +1160,15 @@ def format_report(report: dict) -> str:
     if pieces:
         lines += [
             "",
-            "Per piece, XLA's cost model (not a measurement): HBM time = bytes accessed / "
-            f"{chip['hbm_bandwidth'] / 1e9:.0f} GB/s, MXU time = flops / {chip['peak_flops'] / 1e12:.0f} TFLOP/s; "
-            "floor = (decoder weights + caches per device) / bandwidth.",
+            "Per piece, not a measurement: XLA's cost model (GB accessed, its HBM ms = bytes accessed / "
+            f"{chip['hbm_bandwidth'] / 1e9:.0f} GB/s; it counts each on-chip prefetch as more accesses) and the "
+            "HBM traffic read from the compiled HLO (each buffer moved between HBM and the chip once); MXU ms = "
+            f"flops / {chip['peak_flops'] / 1e12:.0f} TFLOP/s; estimate = max(traffic, MXU), what c and window / "
+            "step use; floor = (weights a step reads + caches and memory per device) / bandwidth.",
             "",
-            "| piece | compile s | GFLOP | GB accessed | HBM ms | MXU ms | estimate ms | floor ms | estimate / floor |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| piece | compile s | GFLOP | XLA GB accessed | XLA ms | HBM traffic GB | MXU ms | estimate ms | floor ms "
+            "| XLA / floor | estimate / floor |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         names = ["target_step"] + sorted(k for k in pieces if k.startswith("target_window_")) + ["draft_step"]
         for name in names:
@@ -964,22 +1176,25 @@ def format_report(report: dict) -> str:
             if p is None:
                 continue
             if not p["compiled"]:
-                lines.append(f"| {name} | no: {p['error'].splitlines()[0][:150]} | | | | | | | |")
+                lines.append(f"| {name} | no: {p['error'].splitlines()[0][:150]} | | | | | | | | | |")
                 continue
             lines.append(
                 f"| {name} | {p['compile_seconds']:.1f} | {p['flops'] / 1e9:.1f} | {p['bytes_accessed'] / 1e9:.3f} | "
-                f"{p['hbm_seconds'] * 1e3:.3f} | {p['mxu_seconds'] * 1e3:.3f} | {p['estimate_seconds'] * 1e3:.3f} | "
-                f"{p['floor_seconds'] * 1e3:.3f} | {p['estimate_seconds'] / p['floor_seconds']:.2f} |"
+                f"{p['cost_model_seconds'] * 1e3:.3f} | {p['hbm_traffic_bytes'] / 1e9:.3f} | "
+                f"{p['mxu_seconds'] * 1e3:.3f} | {p['estimate_seconds'] * 1e3:.3f} | {p['floor_seconds'] * 1e3:.3f} | "
+                f"{p['cost_model_seconds'] / p['floor_seconds']:.2f} | "
+                f"{p['estimate_seconds'] / p['floor_seconds']:.2f} |"
             )
-        c, w = report.get("c"), report.get("window_over_step")
-        lines += [
-            "",
-            f"c = draft step / target step = {'—' if c is None else f'{c:.4f}'} (paper, Table 4: "
-            f"{report.get('paper_c') or '—'}); window / step = {'—' if w is None else f'{w:.3f}'} at γ {s['gamma']} "
-            "(the paper's formula assumes 1)"
-            + "".join(f"; γ {g}: {v:.3f}" for g, v in report.get("window_over_step_by_gamma", {}).items())
-            + ".",
-        ]
+        for suffix, what in (("", "HBM traffic estimate"), ("_cost_model", "XLA's cost model")):
+            c, w = report.get("c" + suffix), report.get("window_over_step" + suffix)
+            lines += [
+                "",
+                f"{what}: c = draft step / target step = {'—' if c is None else f'{c:.4f}'} (paper, Table 4: "
+                f"{report.get('paper_c') or '—'}); window / step = {'—' if w is None else f'{w:.3f}'} at γ "
+                f"{s['gamma']} (the paper's formula assumes 1)"
+                + "".join(f"; γ {g}: {v:.3f}" for g, v in report.get("window_over_step_by_gamma" + suffix, {}).items())
+                + ".",
+            ]
     for p in report["programs"]:
         loop = p.get("loop")
         if not loop:
@@ -996,15 +1211,18 @@ def format_report(report: dict) -> str:
         lines += [
             "",
             "Paper Table 2 rows projected with this c and window cost: (1 - α^(γ+1)) / ((1 - α)(γc + w)) "
-            "(Leviathan et al. 2023, §3, with w = window / step; the paper's formula has w = 1).",
+            "(Leviathan et al. 2023, §3, with w = window / step; the paper's formula has w = 1); projected from the "
+            "HBM traffic estimate, and from XLA's cost model as it stands.",
             "",
-            "| task | draft | temperature | γ | paper α | paper speedup | Table 4 expectation | w | projected |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| task | draft | temperature | γ | paper α | paper speedup | Table 4 expectation | w | projected | "
+            "projected, XLA's cost model |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in report["projections"]:
+            raw = r.get("projected_speedup_cost_model")
             lines.append(
                 f"| {r['task']} | {r['draft']} | {r['temperature']} | {r['gamma']} | {r['paper_alpha']} | "
                 f"{r['paper_speedup']}x | {r['paper_expected']}x | {r['window_over_step']:.3f} | "
-                f"{r['projected_speedup']:.2f}x |"
+                f"{r['projected_speedup']:.2f}x | {'—' if raw is None else f'{raw:.2f}x'} |"
             )
     return "\n".join(lines)

@@ -239,11 +239,16 @@ def test_report_keys_and_pieces(tmp_path, capsys):
     for name in ("target_step", "target_window", "draft_step"):
         piece = report["pieces"][name]
         assert piece["compiled"] and piece["flops"] > 0 and piece["bytes_accessed"] > 0
-        assert piece["estimate_seconds"] == max(piece["hbm_seconds"], piece["mxu_seconds"])
+        assert piece["cost_model_seconds"] == max(piece["hbm_seconds"], piece["mxu_seconds"])
         assert piece["hbm_seconds"] == pytest.approx(piece["bytes_accessed"] / 1.2e12)
-    step = report["pieces"]["target_step"]["estimate_seconds"]
-    assert report["c"] == pytest.approx(report["pieces"]["draft_step"]["estimate_seconds"] / step)
-    assert report["window_over_step"] == pytest.approx(report["pieces"]["target_window"]["estimate_seconds"] / step)
+        assert 0 < piece["hbm_traffic_bytes"] <= piece["bytes_accessed"]  # each HBM buffer once, not per access
+        assert piece["estimate_seconds"] == max(piece["hbm_traffic_bytes"] / 1.2e12, piece["mxu_seconds"])
+        assert piece["floor_bytes"] < piece["decoder_floor_bytes"]  # a step reads no cross-attention key kernel
+    for suffix, key in (("", "estimate_seconds"), ("_cost_model", "cost_model_seconds")):
+        step = report["pieces"]["target_step"][key]
+        assert report["c" + suffix] == pytest.approx(report["pieces"]["draft_step"][key] / step)
+        window = report["pieces"]["target_window"][key]
+        assert report["window_over_step" + suffix] == pytest.approx(window / step)
     assert "projections" in report and "cost model" in capsys.readouterr().out
 
 
@@ -266,3 +271,44 @@ def test_too_big_is_refused_before_compiling():
         "v4-1", xxl.replace(dtype="bfloat16", param_dtype="bfloat16"), T5Config.preset("t5_1_1_small"),
         batch=1, input_length=512, output_length=128, gamma=7,
     ) == (1, 1)  # fmt: skip
+
+
+TRAFFIC_HLO = """HloModule traffic
+
+%fused_row (param_0: bf16[1024,256], param_1: s32[]) -> bf16[1,256] {
+  %param_0 = bf16[1024,256]{1,0} parameter(0)
+  %param_1 = s32[]{:T(128)} parameter(1)
+  %zero = s32[]{:T(128)} constant(0)
+  ROOT %row = bf16[1,256]{1,0:S(3)} dynamic-slice(%param_0, %param_1, %zero), dynamic_slice_sizes={1,256}
+}
+
+%fused_write (param_0: bf16[64,256], param_1: bf16[1,256], param_2: s32[]) -> bf16[64,256] {
+  %param_0 = bf16[64,256]{1,0} parameter(0)
+  %param_1 = bf16[1,256]{1,0} parameter(1)
+  %param_2 = s32[]{:T(128)} parameter(2)
+  %zero = s32[]{:T(128)} constant(0)
+  ROOT %dus = bf16[64,256]{1,0} dynamic-update-slice(%param_0, %param_1, %param_2, %zero)
+}
+
+ENTRY %main (kernel: bf16[256,512], table: bf16[1024,256], cache: bf16[64,256], id: s32[]) -> bf16[1,512] {
+  %kernel = bf16[256,512]{1,0} parameter(0)
+  %table = bf16[1024,256]{1,0} parameter(1)
+  %cache = bf16[64,256]{1,0} parameter(2)
+  %id = s32[]{:T(128)} parameter(3)
+  %prefetch = (bf16[256,512]{1,0:S(3)}, bf16[256,512]{1,0}, u32[]{:S(2)}) copy-start(%kernel)
+  %on_chip = bf16[256,512]{1,0:S(3)} copy-done(%prefetch)
+  %embedded = bf16[1,256]{1,0:S(3)} fusion(%table, %id), kind=kLoop, calls=%fused_row
+  %written = bf16[64,256]{1,0} fusion(%cache, %embedded, %id), kind=kLoop, calls=%fused_write
+  ROOT %out = bf16[1,512]{1,0} dot(%embedded, %on_chip), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+"""
+
+
+def test_hbm_traffic_counts_each_buffer_once():
+    """``hbm_traffic`` on a hand-written module: a kernel prefetched on chip (``S(3)``) counts its HBM bytes once,
+    not for the copy's on-chip side nor again for the dot reading it there; an embedding row looked up from a
+    [1024, 256] table counts one row; an in-place cache write counts the row written, not the cache."""
+    traffic = aot.hbm_traffic(TRAFFIC_HLO)
+    kernel, row, out, index = 256 * 512 * 2, 256 * 2, 512 * 2, 4  # the int32 id is read by both fusions
+    assert traffic["by_opcode"] == {"copy-start": kernel, "fusion": 2 * row + 2 * index, "dot": out}
+    assert traffic["bytes"] == kernel + 2 * row + 2 * index + out

@@ -42,10 +42,10 @@ FAMILIES = {
 }
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1))
-def _decode(config, scanned, params, encoded, tokens, cache, positions):
+@functools.partial(jax.jit, static_argnums=(0, 1, 7))
+def _decode(config, scanned, params, encoded, tokens, cache, positions, slice_rows=False):
     run = t5.decode_scanned if scanned else t5.decode
-    return run(config, params, encoded, tokens, cache, positions)
+    return run(config, params, encoded, tokens, cache, positions, slice_rows)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
@@ -137,6 +137,29 @@ def test_decode_windows_equal_unrolled(setup):
         positions = np.minimum(positions + rng.integers(1, k + 1, size=b).astype(np.int32), length - 1)
 
 
+@pytest.mark.parametrize("scanned", [False, True])
+def test_slice_rows_equal_gather_and_scatter(setup, scanned):
+    """``slice_rows`` (embedding rows and cache writes as dynamic slices, TPU / GPU programs) gives the logits and
+    caches of the gather and scatter, for windows of 1, 3 and 5 tokens, including windows that run past the
+    cache's last slot (their writes there dropped, nothing clamped onto earlier slots) and rows past it."""
+    cfg, model, stacked, enc = setup
+    params = stacked if scanned else model.params
+    encoded = _encode(cfg, scanned, params, enc)
+    b, length = enc.shape[0], 8
+    caches = [t5.init_cache(cfg, b, length, stacked=scanned) for _ in range(2)]
+    rng = np.random.default_rng(5)
+    schedule = [(1, [0, 1, 2]), (3, [1, 2, 4]), (5, [2, 3, 6]), (3, [6, 7, 5]), (1, [7, 8, 3]), (5, [4, 9, 7])]
+    for k, positions in schedule:
+        tokens = rng.integers(2, cfg.vocab_size, size=(b, k)).astype(np.int32)
+        positions = np.asarray(positions, np.int32)
+        outs = [_decode(cfg, scanned, params, encoded, tokens, c, positions, fast) for c, fast in zip(caches, (0, 1))]
+        np.testing.assert_allclose(outs[1][0], outs[0][0], atol=ATOL, rtol=0)
+        for a, c in zip(jax.tree_util.tree_leaves(outs[1][1]), jax.tree_util.tree_leaves(outs[0][1])):
+            np.testing.assert_allclose(a, c, atol=ATOL, rtol=0)
+        caches = [out[1] for out in outs]
+    assert T5Decoding(cfg).slice_rows is False and model.decoding_model()[0].slice_rows is False  # CPU
+
+
 def _pair(model: T5Model, scanned: bool):
     """(DecodingModel, params) of ``model`` with scanned or unrolled layers."""
     params = t5.stack_layers(model.config, model.params) if scanned else model.params
@@ -190,7 +213,7 @@ def test_tpu_program_scans():
         lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), t5.abstract_params(cfg), shardings
     )
     decoding, params = T5Model(cfg, abstract).decoding_model()
-    assert decoding.scan_layers
+    assert decoding.scan_layers and decoding.slice_rows
     kernel = params["decoder"]["layers"]["mlp"]["wi_0"]["kernel"]
     assert kernel.shape == (cfg.num_decoder_layers, cfg.d_model, cfg.mlp_dim)
     stacked = parallel.param_shardings(cfg, mesh, stacked=True)

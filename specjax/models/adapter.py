@@ -44,12 +44,16 @@ class T5Decoding:
         arrays [l, ...] (``t5.encode_scanned``, ``t5.decode_scanned``). The same values as the unrolled layers
         (float32: within 1e-5, ``tests/test_scan.py``); the program holds one layer's code instead of l, so its
         compile time and size do not grow with depth (``T5Model.decoding_model`` picks it off CPU).
+      slice_rows: decode windows of few rows read their embedding rows and write their cache slots with one
+        dynamic slice per token / row instead of a gather and a scatter (``specjax.models.t5.Transformer``): the
+        same values; what XLA:TPU reads and writes in place (``T5Model.decoding_model`` picks it off CPU).
     """
 
     config: t5.T5Config
     encode_widths: tuple[int, ...] = ENCODE_WIDTHS
     kv_dtype: str | None = None
     scan_layers: bool = False
+    slice_rows: bool = False
 
     @property
     def vocab_size(self) -> int:
@@ -103,9 +107,9 @@ class T5Decoding:
 
     def decode(self, params, encoded, tokens, cache, positions):
         """int32[b, k] at int32[b] -> (float32 logits [b, k, v], cache) (``specjax.models.t5.decode``, or
-        ``t5.decode_scanned`` with ``scan_layers``)."""
+        ``t5.decode_scanned`` with ``scan_layers``; ``slice_rows`` passed on)."""
         run_decoder = t5.decode_scanned if self.scan_layers else t5.decode
-        return run_decoder(self.config, params, encoded, tokens, cache, positions)
+        return run_decoder(self.config, params, encoded, tokens, cache, positions, self.slice_rows)
 
     def init_cache(self, batch, length):
         """An empty cache for ``batch`` rows and ``length`` positions (``specjax.models.t5.init_cache``; stacked

@@ -459,8 +459,12 @@ class DecoderLayer(nn.Module):
         """[b, s, d] -> cross-attention keys [b, n, h, s], values [b, n, s, h] (``Encoded``)."""
         return self.encoder_decoder_attention.kv_memory(encoded_bsd)
 
-    def __call__(self, x, self_kv, self_bias, cross_kv, cross_bias, write):
+    def __call__(self, x, self_kv, self_bias, cross_kv, cross_bias, write, read=None):
         """x: [b, k, d]; self_kv: cached (k, v) [b, n, L, h]; write(cache, new) stores the window.
+
+        ``read``: what attention reads of a written cache (``read(cache)`` [b, n, L, h]); None: the cache itself.
+        The scanned decoder passes the whole stacked cache [l, b, n, L, h] as ``self_kv``, writes the window into
+        it in place and reads this layer's slice (``decode_scanned``).
 
         Returns (x, (k, v)) with the window's keys/values written into the cache.
         """
@@ -468,9 +472,10 @@ class DecoderLayer(nn.Module):
             y = self.pre_self_attention_layer_norm(x)
             new_k, new_v = self.self_attention.kv(y)
             k, v = write(self_kv[0], new_k), write(self_kv[1], new_v)
+            seen_k, seen_v = (k, v) if read is None else (read(k), read(v))
             x = x + _dropout(
                 self,
-                self.self_attention.attend(self.self_attention.q(y), k, v, self_bias),
+                self.self_attention.attend(self.self_attention.q(y), seen_k, seen_v, self_bias),
                 self.dropout_rate,
                 _length_shared(self.dropout_style),
             )
@@ -521,11 +526,16 @@ class Encoder(nn.Module):
 
 
 class Decoder(nn.Module):
-    """A k-token window at per-row positions against the cache -> (float32 logits [b, k, v], new cache)."""
+    """A k-token window at per-row positions against the cache -> (float32 logits [b, k, v], new cache).
+
+    ``slice_rows``: write a window of few rows into the cache with one in-place ``dynamic_update_slice`` per row
+    (``_write_window``) instead of a scatter (``Transformer.slice_rows``).
+    """
 
     config: T5Config
     dropout_rate: float = 0.0
     dropout_style: str = "sublayers"
+    slice_rows: bool = False
 
     def setup(self):
         cfg = self.config
@@ -563,6 +573,8 @@ class Decoder(nn.Module):
         rows = jnp.arange(b)[:, None]
 
         def write(cache_bnLh, new_bknh):
+            if _slices_fit(self.slice_rows, b, k, cache_len):
+                return _write_window(cache_bnLh, new_bknh, positions_b)
             # Scatter each row's window at its own slots, in place; slots past L are dropped, never clamped.
             # (Advanced indices around a slice put their [b, k] dims first: the update is [b, k, n, h].)
             return cache_bnLh.at[rows, :, query_pos].set(new_bknh.astype(cache_bnLh.dtype), mode="drop")
@@ -598,6 +610,49 @@ def _causal_bias(relpos_bias: RelativePositionBias, column_bkL, table_len: int):
     return jnp.transpose(jnp.take(table, column_bkL, axis=1, mode="clip"), (1, 0, 2, 3))
 
 
+SLICE_ROWS_MAX = 16
+"""``slice_rows`` (``Transformer``) applies to windows of at most this many tokens (embedding rows) and rows (cache
+writes): one dynamic slice each, unrolled in the program; bigger windows keep the gather and the scatter."""
+
+
+def _slices_fit(slice_rows: bool, b: int, k: int, cache_len: int) -> bool:
+    """Whether a window of ``b`` rows x ``k`` tokens is written with ``_write_window``."""
+    return slice_rows and b <= SLICE_ROWS_MAX and k <= cache_len
+
+
+def _embed_rows(table_vd, tokens_bk):
+    """``jnp.take(table_vd, tokens_bk, axis=0)`` [b, k, d] as one ``dynamic_slice`` per token (ids in range)."""
+    ids = tokens_bk.reshape(-1)
+    rows = [jax.lax.dynamic_slice_in_dim(table_vd, ids[j], 1, axis=0) for j in range(ids.shape[0])]
+    return jnp.concatenate(rows, axis=0).reshape(tokens_bk.shape + table_vd.shape[1:])
+
+
+def _write_window(cache, new_bknh, positions_b, layer=None):
+    """The window's keys or values written at each row's slots ``positions_b[i] .. positions_b[i] + k - 1`` of
+    ``cache`` [b, n, L, h] (or, with ``layer``, of layer ``layer`` of a stacked cache [l, b, n, L, h]), slots past
+    ``L`` dropped: what ``Decoder``'s scatter writes, as one in-place ``dynamic_update_slice`` of k slots per row.
+
+    A window that runs past ``L`` is written at the clamped start ``L - k`` with its tokens shifted right and the
+    slots before its first position keeping their old values, so nothing is clamped onto earlier slots. Needs
+    ``k <= L`` (``_slices_fit``). new_bknh: [b, k, n, h]; positions_b: int32[b].
+    """
+    b, k = new_bknh.shape[:2]
+    length = cache.shape[-2]
+    lead = () if layer is None else (layer,)
+    new_bnkh = jnp.swapaxes(new_bknh, 1, 2).astype(cache.dtype)
+    start_b = jnp.clip(positions_b, 0, length - k)
+    source_bk = jnp.arange(k, dtype=jnp.int32)[None, :] - (positions_b - start_b)[:, None]  # window index per slot
+    for i in range(b):
+        zero = jnp.zeros((), jnp.int32)
+        at = lead + (jnp.asarray(i, jnp.int32), zero, start_b[i], zero)
+        size = (1,) * len(lead) + (1, new_bnkh.shape[1], k, new_bnkh.shape[3])
+        old = jax.lax.dynamic_slice(cache, at, size)
+        moved = jnp.take(new_bnkh[i], jnp.clip(source_bk[i], 0, k - 1), axis=1).reshape(size)
+        keep_new = (source_bk[i] >= 0)[:, None]  # [k, 1], broadcast over the leading [.., 1, n] dims
+        cache = jax.lax.dynamic_update_slice(cache, jnp.where(keep_new, moved, old), at)
+    return cache
+
+
 class Embed(nn.Module):
     """Shared token embedding ``[v, d]`` (t5x ``token_embedder/embedding``)."""
 
@@ -614,7 +669,11 @@ class Embed(nn.Module):
             cfg.weight_dtype,
         )
 
-    def __call__(self, tokens):
+    def __call__(self, tokens, slice_rows: bool = False):
+        """int32[b, t] -> [b, t, d] in the compute dtype. ``slice_rows``: a window of few tokens (2 to
+        ``SLICE_ROWS_MAX``) is looked up as one dynamic slice per token (``_embed_rows``) instead of a gather."""
+        if slice_rows and 1 < tokens.size <= SLICE_ROWS_MAX:
+            return _embed_rows(self.embedding, tokens).astype(self.config.compute_dtype)
         return jnp.take(self.embedding, tokens, axis=0).astype(self.config.compute_dtype)
 
     def attend(self, y):
@@ -627,16 +686,23 @@ class Transformer(nn.Module):
 
     ``dropout_rate`` > 0 only in training (``logits(..., dropout_rng=...)``); inference never drops.
     ``dropout_style``: where and how (``logits``).
+    ``slice_rows``: a decode window of few rows and tokens reads its embedding rows and writes its cache slots
+    with one dynamic slice per token / row (``_embed_rows``, ``_write_window``) instead of a gather and a
+    scatter: the same values. XLA:TPU lowers a gather of a few rows from the [v, d] table to a fusion its cost
+    model charges four whole tables, and a window's scatter into the cache to a copy of the layer's cache and a
+    relayout back (``benchmarks/results/tpu_aot``); the slices are read and written in place.
+    ``T5Model.decoding_model()`` sets it for TPU / GPU programs; CPU programs keep the gather and scatter.
     """
 
     config: T5Config
     dropout_rate: float = 0.0
     dropout_style: str = "sublayers"
+    slice_rows: bool = False
 
     def setup(self):
         self.token_embedder = Embed(self.config)
         self.encoder = Encoder(self.config, self.dropout_rate, self.dropout_style)
-        self.decoder = Decoder(self.config, self.dropout_rate, self.dropout_style)
+        self.decoder = Decoder(self.config, self.dropout_rate, self.dropout_style, self.slice_rows)
 
     def encode(self, encoder_input_tokens):
         mask = encoder_input_tokens != self.config.pad_id
@@ -645,7 +711,8 @@ class Transformer(nn.Module):
         return hidden, Encoded(mask, cross_k, cross_v)
 
     def decode(self, encoded, tokens, cache, positions):
-        return self.decoder(self.token_embedder(tokens), positions, cache, encoded, self.token_embedder)
+        x_bkd = self.token_embedder(tokens, self.slice_rows)
+        return self.decoder(x_bkd, positions, cache, encoded, self.token_embedder)
 
     def __call__(self, encoder_input_tokens, decoder_input_tokens):
         _, encoded = self.encode(encoder_input_tokens)
@@ -729,7 +796,9 @@ def encoder_outputs(config: T5Config, params: Params, encoder_input_tokens) -> j
     )[0]
 
 
-def decode(config: T5Config, params: Params, encoded: Encoded, tokens, cache: KVCache, positions):
+def decode(
+    config: T5Config, params: Params, encoded: Encoded, tokens, cache: KVCache, positions, slice_rows: bool = False
+):
     """Scores a window of ``k`` decoder tokens per row, each row at its own position.
 
     Row ``i``'s tokens sit at decoder positions ``positions[i] .. positions[i] + k - 1``; they attend to
@@ -743,10 +812,12 @@ def decode(config: T5Config, params: Params, encoded: Encoded, tokens, cache: KV
       tokens: int32[b, k] decoder input tokens (the first decoder input of a sequence is ``pad_id``).
       cache: ``KVCache`` (tuples of l arrays [b, n, L, h], from ``init_cache``).
       positions: int32[b], the position of each row's first window token.
+      slice_rows: look up the embedding rows and write the cache with dynamic slices (``Transformer.slice_rows``;
+        TPU / GPU programs); the same values.
     Returns:
       (logits float32[b, k, v], updated cache).
     """
-    return Transformer(config).apply(
+    return Transformer(config, slice_rows=slice_rows).apply(
         {"params": params},
         encoded,
         jnp.asarray(tokens, jnp.int32),
@@ -1005,7 +1076,7 @@ def _decoder_inputs(module: "Transformer", tokens_bk, positions_b, mask_bs, cach
     if not module.config.per_layer_relpos_bias:
         shared = _causal_bias(module.decoder.relpos_bias, column, cache_len + k)
     cross_bias = jnp.where(mask_bs[:, None, None, :], 0.0, NEG_INF)
-    return module.token_embedder(tokens_bk), query_pos, column, shared, cross_bias
+    return module.token_embedder(tokens_bk, module.slice_rows), query_pos, column, shared, cross_bias
 
 
 def _decoder_head(module: "Transformer", y_bkd):
@@ -1050,12 +1121,16 @@ def encode_scanned(config: T5Config, params: Params, encoder_input_tokens) -> En
     return Encoded(mask, cross_k, cross_v)
 
 
-def decode_scanned(config: T5Config, params: Params, encoded: Encoded, tokens, cache: KVCache, positions):
+def decode_scanned(
+    config: T5Config, params: Params, encoded: Encoded, tokens, cache: KVCache, positions, slice_rows: bool = False
+):
     """``decode`` with the layers under ``lax.scan``: the same contract and values.
 
-    The scan carries the window's activations [b, k, d] and the whole stacked cache; layer ``i`` reads its
-    cache slice [b, n, L, h], writes the window's keys/values into it (a scatter at each row's slots, past ``L``
-    dropped) and puts it back in place (``dynamic_update_slice``), so the loop holds one cache buffer.
+    The scan carries the window's activations [b, k, d] and the whole stacked cache; layer ``i`` writes the
+    window's keys/values into its slice of the stacked cache in place (with ``slice_rows``: one
+    ``dynamic_update_slice`` of k slots per row at ``[i, row, :, position, :]``, ``_write_window``; otherwise a
+    scatter at each row's slots of the slice, put back with ``dynamic_update_slice``), past ``L`` dropped, and
+    attention reads the written slice, so the loop holds one cache buffer and copies no layer's cache out.
 
     Args:
       config: the model's config.
@@ -1064,27 +1139,27 @@ def decode_scanned(config: T5Config, params: Params, encoded: Encoded, tokens, c
       tokens: int32[b, k] decoder input tokens.
       cache: ``KVCache`` of stacked arrays [l, b, n, L, h] (``init_cache(..., stacked=True)``).
       positions: int32[b], the position of each row's first window token.
+      slice_rows: see ``decode``.
     Returns:
       (logits float32[b, k, v], updated stacked cache).
     Raises:
       ValueError: unstacked parameters.
     """
     decoder_layers = _layers_of(params, "decoder")
-    model = Transformer(config)
+    model = Transformer(config, slice_rows=slice_rows)
     cache_len = cache.k.shape[-2]
+    positions = jnp.asarray(positions, jnp.int32)
     x_bkd, query_pos, column, shared_bias, cross_bias = model.apply(
         {"params": params},
         jnp.asarray(tokens, jnp.int32),
-        jnp.asarray(positions, jnp.int32),
+        positions,
         encoded.mask,
         cache_len,
         method=_decoder_inputs,
     )
-    rows, k = jnp.arange(x_bkd.shape[0])[:, None], x_bkd.shape[1]
-
-    def write(cache_bnLh, new_bknh):
-        return cache_bnLh.at[rows, :, query_pos].set(new_bknh.astype(cache_bnLh.dtype), mode="drop")
-
+    b, k = x_bkd.shape[:2]
+    rows = jnp.arange(b)[:, None]
+    in_place = _slices_fit(slice_rows, b, k, cache_len)
     layer = DecoderLayer(config, parent=None)
 
     def decoder_layer(carry, xs):
@@ -1093,13 +1168,20 @@ def decode_scanned(config: T5Config, params: Params, encoded: Encoded, tokens, c
         self_bias = shared_bias  # [b, n, k, L]
         if self_bias is None:  # umT5: this layer's own table
             self_bias = layer.apply({"params": layer_params}, column, cache_len + k, method=_layer_causal_bias)
-        layer_k = jax.lax.dynamic_index_in_dim(cache_k, i, 0, keepdims=False)
-        layer_v = jax.lax.dynamic_index_in_dim(cache_v, i, 0, keepdims=False)
-        x, (layer_k, layer_v) = layer.apply(
-            {"params": layer_params}, x, (layer_k, layer_v), self_bias, (cross_k, cross_v), cross_bias, write
+
+        def write(stacked_lbnLh, new_bknh):
+            if in_place:
+                return _write_window(stacked_lbnLh, new_bknh, positions, layer=i)
+            cache_bnLh = jax.lax.dynamic_index_in_dim(stacked_lbnLh, i, 0, keepdims=False)
+            cache_bnLh = cache_bnLh.at[rows, :, query_pos].set(new_bknh.astype(cache_bnLh.dtype), mode="drop")
+            return jax.lax.dynamic_update_index_in_dim(stacked_lbnLh, cache_bnLh, i, 0)
+
+        def read(stacked_lbnLh):
+            return jax.lax.dynamic_index_in_dim(stacked_lbnLh, i, 0, keepdims=False)
+
+        x, (cache_k, cache_v) = layer.apply(
+            {"params": layer_params}, x, (cache_k, cache_v), self_bias, (cross_k, cross_v), cross_bias, write, read
         )
-        cache_k = jax.lax.dynamic_update_index_in_dim(cache_k, layer_k, i, 0)
-        cache_v = jax.lax.dynamic_update_index_in_dim(cache_v, layer_v, i, 0)
         return (x, cache_k, cache_v), None
 
     index = jnp.arange(config.num_decoder_layers, dtype=jnp.int32)
@@ -1190,7 +1272,9 @@ class T5Model:
         (b x n x L x h x 4 bytes per layer and per keys / values: 0.14 MB a layer for the small target).
         """
         scan = self._decode_scan_layers() if scan_layers is None else bool(scan_layers)
-        decoding = DECODING_ADAPTER(self.config, kv_dtype=self._decode_kv_dtype(), scan_layers=scan)
+        decoding = DECODING_ADAPTER(
+            self.config, kv_dtype=self._decode_kv_dtype(), scan_layers=scan, slice_rows=not self._decode_on_cpu()
+        )
         return decoding, (self._decode_stacked_params() if scan else self._decode_params())
 
     def _decode_scan_layers(self) -> bool:
@@ -1217,10 +1301,14 @@ class T5Model:
         every decode: it reads the config and one parameter, never the whole tree."""
         if jnp.dtype(self.config.compute_dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
             return None
+        return "float32" if self._decode_on_cpu() else None
+
+    def _decode_on_cpu(self) -> bool:
+        """Whether the decode program runs on CPU: the devices of the embedding table (or of its sharding, for
+        abstract parameters), the default backend for traced parameters. Reads one parameter."""
         table = self.params.get("token_embedder", {}).get("embedding") if isinstance(self.params, dict) else None
         traced = table is None or isinstance(table, jax.core.Tracer)
-        on_cpu = jax.default_backend() == "cpu" if traced else _on_cpu(table)
-        return "float32" if on_cpu else None
+        return jax.default_backend() == "cpu" if traced else _on_cpu(table)
 
     def _decode_params(self) -> Params:
         cached = self.__dict__.get("_decode_params_cache")
