@@ -90,6 +90,19 @@ def test_stack_round_trip_and_shapes(setup):
     axes = t5.stacked_param_logical_axes(cfg)
     assert tuple(axes["decoder"]["layers"]["mlp"]["wo"]["kernel"]) == ("layers", "mlp", "embed")
     assert tuple(axes["token_embedder"]["embedding"]) == ("vocab", "embed")
+    # The decoder's query / key / value (self) and query (cross) kernels are stacked transposed: [l, n*h, d].
+    for block, kernel in (
+        ("self_attention", "query"),
+        ("self_attention", "value"),
+        ("encoder_decoder_attention", "query"),
+    ):
+        stacked_kernel = stacked["decoder"]["layers"][block][kernel]["kernel"]
+        assert stacked_kernel.shape == (cfg.num_decoder_layers, cfg.num_heads * cfg.head_dim, cfg.d_model)
+        np.testing.assert_array_equal(stacked_kernel[1], model.params["decoder"]["layers_1"][block][kernel]["kernel"].T)
+        assert tuple(axes["decoder"]["layers"][block][kernel]["kernel"]) == ("layers", "joined_kv", "embed")
+        assert abstract["decoder"]["layers"][block][kernel]["kernel"].shape == stacked_kernel.shape
+    assert stacked["decoder"]["layers"]["encoder_decoder_attention"]["key"]["kernel"].shape[1] == cfg.d_model
+    assert stacked["encoder"]["layers"]["attention"]["query"]["kernel"].shape[1] == cfg.d_model
 
 
 def test_stacking_errors_name_the_problem(setup):
@@ -218,6 +231,9 @@ def test_tpu_program_scans():
     assert kernel.shape == (cfg.num_decoder_layers, cfg.d_model, cfg.mlp_dim)
     stacked = parallel.param_shardings(cfg, mesh, stacked=True)
     assert tuple(stacked["decoder"]["layers"]["mlp"]["wi_0"]["kernel"].spec) == (None, None, "model")
+    assert tuple(stacked["decoder"]["layers"]["self_attention"]["query"]["kernel"].spec) == (None, "model", None)
+    query = params["decoder"]["layers"]["self_attention"]["query"]["kernel"]
+    assert query.shape == (cfg.num_decoder_layers, cfg.num_heads * cfg.head_dim, cfg.d_model)
     assert jnp.dtype(kernel.dtype) == jnp.float32
 
 

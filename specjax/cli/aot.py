@@ -1,5 +1,6 @@
 """``specjax aot``: compile the decode programs for a TPU slice on this host (no TPU, no weights) and report
-their memory per device, XLA's cost model of each loop piece, c, and the paper's Table 2 projected with them.
+their memory per device, each loop piece's HBM traffic read from the compiled HLO beside XLA's cost model, c,
+and the paper's Table 2 projected with them (estimates, not a run).
 
 Needs libtpu (``pip install 'specjax[tpu-aot]'``); without it the command says so and exits with status 2.
 """
@@ -17,8 +18,9 @@ def add_parser(subparsers) -> None:
         description="Compile speculative_sample and temperature_sample exactly as model_parallel_sample / "
         "data_parallel_sample run them, and the loop's pieces (target step, verification window, draft step), "
         "for a named TPU slice, with abstract weights, on this host. Reports memory per device against the "
-        "chip's HBM, XLA's cost model of each piece (flops and bytes over the chip's peak and bandwidth: a model, "
-        "not a measurement), c = draft step / target step, window / step, the paper's Table 2 projected, and "
+        "chip's HBM, each piece's HBM traffic read from the compiled HLO beside XLA's cost model (bytes over the "
+        "chip's bandwidth, flops over its peak: estimates, not a measurement), c = draft step / target step, "
+        "window / step, the paper's Table 2 projected, and "
         "the collectives per loop iteration. Needs libtpu: pip install 'specjax[tpu-aot]'.",
     )
     p.add_argument("--topology", required=True, help="TPU slice: v4-1 (one v4 chip), v4-8, v4-32, v5e-8, v5p-8 …")

@@ -923,12 +923,50 @@ def _stacks(config: T5Config) -> tuple[tuple[str, int], ...]:
     return (("encoder", config.num_encoder_layers), ("decoder", config.num_decoder_layers))
 
 
-def _stack_leaves(leaves):
-    """l arrays of one shape -> one array [l, ...]: ``jax.ShapeDtypeStruct``s stay abstract (their sharding,
-    if any, gains a replicated leading axis), NumPy arrays stay on the host, ``jax.Array``s keep their sharding."""
+TRANSPOSED_STACKS = (
+    ("decoder", "self_attention", "query"),
+    ("decoder", "self_attention", "key"),
+    ("decoder", "self_attention", "value"),
+    ("decoder", "encoder_decoder_attention", "query"),
+)
+"""(stack, attention block, kernel) whose stacked kernel is stored transposed, [l, n*h, d] instead of [l, d, n*h]
+(``stack_layers``): the layout XLA:TPU's dots in the scanned decode loop read them in (their outputs are moved
+heads-first for attention). Stored as [l, d, n*h], a scanned TPU program relaid each of these four stacks out once
+per call (a copy: 3.2 GB of temporaries for T5 1.1 XXL on one v4 chip, ``benchmarks/results/scan``)."""
+
+
+def _transposed(stack: str, path: tuple[str, ...]) -> bool:
+    """Whether the stacked leaf at ``path`` (inside ``stack``'s ``layers``) is stored transposed."""
+    return len(path) == 3 and path[2] == "kernel" and (stack,) + path[:2] in TRANSPOSED_STACKS
+
+
+def _swap_last(x):
+    """``x`` with its last two axes swapped; a ``jax.ShapeDtypeStruct`` stays abstract (its sharding swapped too)."""
+    if not isinstance(x, jax.ShapeDtypeStruct):
+        return jnp.swapaxes(x, -1, -2) if not isinstance(x, np.ndarray) else np.swapaxes(x, -1, -2)
+    spec = getattr(x.sharding, "spec", None)
+    sharding = None
+    if spec is not None:
+        full = tuple(spec) + (None,) * (len(x.shape) - len(spec))
+        sharding = jax.sharding.NamedSharding(
+            x.sharding.mesh, jax.sharding.PartitionSpec(*full[:-2], full[-1], full[-2])
+        )
+    return jax.ShapeDtypeStruct(tuple(x.shape[:-2]) + (x.shape[-1], x.shape[-2]), x.dtype, sharding=sharding)
+
+
+def _stack_leaves(leaves, transpose: bool = False):
+    """l arrays of one shape -> one array [l, ...] (``transpose``: l matrices [i, o] -> [l, o, i]):
+    ``jax.ShapeDtypeStruct``s stay abstract (their sharding, if any, gains a replicated leading axis), NumPy
+    arrays stay on the host, ``jax.Array``s keep their sharding."""
+    if transpose and isinstance(leaves[0], (jax.ShapeDtypeStruct, np.ndarray)):
+        leaves = [_swap_last(x) for x in leaves]
+        transpose = False
     first = leaves[0]
     sharding = getattr(first, "sharding", None)
     spec = getattr(sharding, "spec", None)
+    if spec is not None and transpose:
+        full = tuple(spec) + (None,) * (first.ndim - len(spec))
+        spec = full[:-2] + (full[-1], full[-2])
     stacked_sharding = (
         jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(None, *spec)) if spec is not None else None
     )
@@ -936,17 +974,33 @@ def _stack_leaves(leaves):
         return jax.ShapeDtypeStruct((len(leaves),) + tuple(first.shape), first.dtype, sharding=stacked_sharding)
     if isinstance(first, np.ndarray):
         return np.stack(leaves)
+    stack = (lambda *xs: jnp.swapaxes(jnp.stack(xs), -1, -2)) if transpose else (lambda *xs: jnp.stack(xs))
     if stacked_sharding is not None and not isinstance(first, jax.core.Tracer):
-        return jax.jit(lambda *xs: jnp.stack(xs), out_shardings=stacked_sharding)(*leaves)
-    return jnp.stack(leaves)
+        return jax.jit(stack, out_shardings=stacked_sharding)(*leaves)
+    return stack(*leaves)
+
+
+def _path_keys(path) -> tuple[str, ...]:
+    return tuple(str(getattr(k, "key", k)) for k in path)
+
+
+def _untranspose_layer(stack: str, layer_params: Params) -> Params:
+    """One layer's parameters sliced from the stacked tree, its ``TRANSPOSED_STACKS`` kernels [n*h, d] swapped
+    back to the [d, n*h] the layer's modules take (inside a scan: a transposed view, no copy)."""
+    return jax.tree_util.tree_map_with_path(
+        lambda path, x: jnp.swapaxes(x, -1, -2) if _transposed(stack, _path_keys(path)) else x, layer_params
+    )
 
 
 def stack_layers(config: T5Config, params: Params) -> Params:
     """The parameter tree with each stack's ``layers_0 … layers_{l-1}`` replaced by one ``layers`` subtree whose
     leaves are stacked on a new leading axis (flaxformer's ``scan_layers`` layout): e.g.
     ``decoder/layers/mlp/wo/kernel`` [l, f, d] for l kernels [f, d]. What is not per layer (embedding, relative
-    position biases, final norms, logits kernel) is unchanged. Checkpoints keep the unstacked t5x / Hugging Face
-    layout; this runs at the boundary (``T5Model.decoding_model`` on TPU / GPU) and ``unstack_layers`` undoes it.
+    position biases, final norms, logits kernel) is unchanged. The decoder's ``TRANSPOSED_STACKS`` kernels are
+    stored transposed, e.g. ``decoder/layers/self_attention/query/kernel`` [l, n*h, d] for l kernels [d, n*h]
+    (the layout the scanned loop's dots read; ``stacked_param_logical_axes`` swaps their names too).
+    Checkpoints keep the unstacked t5x / Hugging Face layout; this runs at the boundary
+    (``T5Model.decoding_model`` on TPU / GPU) and ``unstack_layers`` undoes it.
 
     Works on arrays (a copy: l slices become one array of the same total bytes, on the slices' devices and with
     their sharding plus a replicated leading axis), NumPy arrays (on the host) and ``jax.ShapeDtypeStruct``s.
@@ -966,7 +1020,9 @@ def stack_layers(config: T5Config, params: Params) -> Params:
                 "pass parameters that match the config."
             )
         layers = [sub.pop(f"layers_{i}") for i in range(n)]
-        sub[LAYERS_AXIS] = jax.tree_util.tree_map(lambda *xs: _stack_leaves(xs), *layers)
+        sub[LAYERS_AXIS] = jax.tree_util.tree_map_with_path(
+            lambda path, *xs, stack=stack: _stack_leaves(xs, _transposed(stack, _path_keys(path))), *layers
+        )
         out[stack] = sub
     return out
 
@@ -988,21 +1044,24 @@ def unstack_layers(config: T5Config, params: Params) -> Params:
                     f"{config.name!r} has {n} layers."
                 )
         for i in range(n):
-            sub[f"layers_{i}"] = jax.tree_util.tree_map(lambda x, i=i: _unstack_leaf(x, i), layers)
+            sub[f"layers_{i}"] = jax.tree_util.tree_map_with_path(
+                lambda path, x, i=i, stack=stack: _unstack_leaf(x, i, _transposed(stack, _path_keys(path))), layers
+            )
         out[stack] = sub
     return out
 
 
-def _unstack_leaf(x, i: int):
-    """Layer ``i`` of a stacked leaf [l, ...]; a ``jax.ShapeDtypeStruct`` stays abstract (its sharding loses the
-    leading axis)."""
+def _unstack_leaf(x, i: int, transpose: bool = False):
+    """Layer ``i`` of a stacked leaf [l, ...] (``transpose``: [l, o, i] -> [i, o]); a ``jax.ShapeDtypeStruct``
+    stays abstract (its sharding loses the leading axis)."""
     if not isinstance(x, jax.ShapeDtypeStruct):
-        return x[i]
+        return _swap_last(x[i]) if transpose else x[i]
     spec = getattr(x.sharding, "spec", None)
     sharding = (
         None if spec is None else jax.sharding.NamedSharding(x.sharding.mesh, jax.sharding.PartitionSpec(*spec[1:]))
     )
-    return jax.ShapeDtypeStruct(tuple(x.shape[1:]), x.dtype, sharding=sharding)
+    leaf = jax.ShapeDtypeStruct(tuple(x.shape[1:]), x.dtype, sharding=sharding)
+    return _swap_last(leaf) if transpose else leaf
 
 
 def stacked_param_logical_axes(config: T5Config) -> Params:
@@ -1014,9 +1073,14 @@ def stacked_param_logical_axes(config: T5Config) -> Params:
     for stack, n in _stacks(config):
         sub = dict(axes[stack])
         layers = [sub.pop(f"layers_{i}") for i in range(n)]
-        sub[LAYERS_AXIS] = jax.tree_util.tree_map(
-            lambda spec: jax.sharding.PartitionSpec(LAYERS_AXIS, *spec), layers[0], is_leaf=is_spec
-        )
+
+        def stacked(path, spec, stack=stack):
+            names = tuple(spec)
+            if _transposed(stack, _path_keys(path)):
+                names = names[:-2] + (names[-1], names[-2])
+            return jax.sharding.PartitionSpec(LAYERS_AXIS, *names)
+
+        sub[LAYERS_AXIS] = jax.tree_util.tree_map_with_path(stacked, layers[0], is_leaf=is_spec)
         out[stack] = sub
     return out
 
@@ -1115,6 +1179,7 @@ def encode_scanned(config: T5Config, params: Params, encoder_input_tokens) -> En
     cross = DecoderLayer(config, parent=None)
 
     def cross_memory(_, layer_params):
+        layer_params = _untranspose_layer("decoder", layer_params)
         return None, cross.apply({"params": layer_params}, hidden, method=DecoderLayer.cross_kv)
 
     _, (cross_k, cross_v) = jax.lax.scan(cross_memory, None, decoder_layers)
@@ -1165,6 +1230,7 @@ def decode_scanned(
     def decoder_layer(carry, xs):
         x, cache_k, cache_v = carry  # [b, k, d], [l, b, n, L, h] x 2
         layer_params, cross_k, cross_v, i = xs
+        layer_params = _untranspose_layer("decoder", layer_params)
         self_bias = shared_bias  # [b, n, k, L]
         if self_bias is None:  # umT5: this layer's own table
             self_bias = layer.apply({"params": layer_params}, column, cache_len + k, method=_layer_causal_bias)
