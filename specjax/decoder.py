@@ -147,11 +147,11 @@ class Choice:
         return self.reason + (f"; predicted tok/s by γ {table}" if table else "")
 
 
-def _options(rows: int, params):
+def _options(rows: int, params, batch: int):
     from specjax.decoding import xla_cpu
 
     try:
-        return xla_cpu.cpu_compiler_options(rows, xla_cpu.weights_dtype(params))
+        return xla_cpu.cpu_compiler_options(rows, xla_cpu.weights_dtype(params), batch=batch)
     except TypeError:  # a signature that also wants the devices: fall back to XLA's defaults
         return None
 
@@ -232,11 +232,11 @@ def measure_costs(target, draft, tokens, max_decode_length: int, max_gamma: int 
         return jax.jit(chain, compiler_options=options), (params, enc, fns.init_cache(b, length))
 
     ks = sorted({k for k in WINDOWS_MEASURED if k <= max_gamma + 1} | {max_gamma + 1} - {1})
-    parts = {("target", 1): decode_part(t_fns, t_params, 1, _options(b, t_params))}
-    parts.update({("target", k): decode_part(t_fns, t_params, k, _options(b * k, t_params)) for k in ks})
+    parts = {("target", 1): decode_part(t_fns, t_params, 1, _options(b, t_params, b))}
+    parts.update({("target", k): decode_part(t_fns, t_params, k, _options(b * k, t_params, b)) for k in ks})
     draft_options: dict = {}  # γ -> the key of the compile options its loop uses (the draft step runs under them)
     for g in range(1, max_gamma + 1):
-        options = _options(b * (g + 1), t_params)
+        options = _options(b * (g + 1), t_params, b)
         okey = tuple(sorted((options or {}).items()))
         draft_options[g] = okey
         if d_fns is not None and ("draft", okey) not in parts:

@@ -30,6 +30,9 @@ def test_options_only_for_few_rows_on_cpu(monkeypatch):
     assert xla_cpu.cpu_compiler_options(1) == dict(xla_cpu.SMALL_DOT_OPTIONS)
     assert xla_cpu.cpu_compiler_options(xla_cpu.SMALL_DOT_ROWS) == dict(xla_cpu.SMALL_DOT_OPTIONS)
     assert xla_cpu.cpu_compiler_options(xla_cpu.SMALL_DOT_ROWS + 1) is None
+    # a batch of several rows keeps XLA's defaults (the encoder's b x s rows; the module docstring's A/B)
+    assert xla_cpu.cpu_compiler_options(4, batch=xla_cpu.SMALL_DOT_BATCH) == dict(xla_cpu.SMALL_DOT_OPTIONS)
+    assert xla_cpu.cpu_compiler_options(4, batch=xla_cpu.SMALL_DOT_BATCH + 1) is None
     # a bfloat16 target keeps XLA's defaults (YNNPACK's bfloat16 dots), at any row count
     import jax.numpy as jnp
 
@@ -55,6 +58,7 @@ def test_same_tokens_and_counters_with_and_without_the_options(monkeypatch):
     x = np.random.default_rng(0).integers(2, TINY.vocab_size, size=(3, 7)).astype(np.int32)
     x[1, 4:] = 0
     out = {}
+    monkeypatch.setattr(xla_cpu, "SMALL_DOT_BATCH", 3)  # the options at this batch of 3 rows
     for setting in ("0", "1"):
         monkeypatch.setenv("SPECJAX_XLA_CPU_OPTIONS", setting)
         out[setting] = [

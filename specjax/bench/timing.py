@@ -296,7 +296,7 @@ def _steps_loop(config, params, encoded, cache, k: int, n: int, b: int):
     return jax.lax.fori_loop(0, n, body, (cache, jnp.full((b, k), 3, jnp.int32)))[1]
 
 
-_steps = TunedJit(_steps_loop, (0, 4, 5, 6), lambda *a: a[6] * a[4], lambda *a: a[1])
+_steps = TunedJit(_steps_loop, (0, 4, 5, 6), lambda *a: a[6] * a[4], lambda *a: a[1], lambda *a: a[6])
 
 
 def _time_steps(model, encoder_input_tokens, k: int, n: int, repeats: int) -> float:

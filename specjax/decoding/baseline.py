@@ -83,7 +83,7 @@ def _baseline_loop(
 
 
 # Arguments: (model, config, params, tokens [b, s], key, sampling); one token per step: b rows per dot.
-_baseline_jit = TunedJit(_baseline_loop, (0, 1), lambda *a: a[3].shape[0], lambda *a: a[2])
+_baseline_jit = TunedJit(_baseline_loop, (0, 1), lambda *a: a[3].shape[0], lambda *a: a[2], lambda *a: a[3].shape[0])
 
 
 def _baseline_args(

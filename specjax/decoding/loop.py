@@ -163,7 +163,13 @@ def _speculative_loop(
 
 # Arguments: (target, draft, config, target_params, draft_params, tokens [b, s], key, sampling); the largest
 # dot is the target's window, b x (gamma + 1) rows.
-_speculative_jit = TunedJit(_speculative_loop, (0, 1, 2), lambda *a: a[5].shape[0] * (a[2].gamma + 1), lambda *a: a[3])
+_speculative_jit = TunedJit(
+    _speculative_loop,
+    (0, 1, 2),
+    lambda *a: a[5].shape[0] * (a[2].gamma + 1),
+    lambda *a: a[3],
+    lambda *a: a[5].shape[0],
+)
 
 
 def as_draft_source(draft) -> tuple[DraftSource, Any]:

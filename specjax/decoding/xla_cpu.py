@@ -8,8 +8,16 @@ one step (the weights are streamed once for the few rows either way; on this 2-c
 by reading the weights from memory). YNNPACK wins again once a dot has many rows (batch 32 × a 4-token window:
 its window was 1.1× faster). So the loops are compiled with ``xla_cpu_experimental_ynn_fusion_type=""`` (no
 YNNPACK fusions) and ``xla_cpu_use_xnnpack=false`` (window 1.37× a step instead of 1.49× with the first
-alone) when the largest dot has at most ``SMALL_DOT_ROWS`` rows (``b × window``) and the target computes in
-float32, and with XLA's defaults otherwise.
+alone) when the batch is one row (``SMALL_DOT_BATCH``), the largest dot has at most ``SMALL_DOT_ROWS`` rows
+(``b × window``) and the target computes in float32, and with XLA's defaults otherwise.
+
+Why one row only: the options are per program, and a program holds the encoder too, whose dots have ``b × s``
+rows. On an Intel Xeon (Ice Lake server: AVX-512 F/BW/VL/VNNI, no AVX512_BF16), the small pair in float32, 64
+output tokens, inputs padded to 64, the options measured (A/B in one process, alternating; the machine loaded):
+at batch 1, 16 lines, faster — the target alone 1.00 against 0.88, speculative γ 3 / 5 / 7 1.31 / 1.32 / 1.26
+against 1.25 / 1.21 / 1.25 (relative to the target alone with them); at batch 2 and above, slower — a batch of
+4: the target alone 401 ms against 324 with XLA's defaults, γ 3 493 against 319; a batch of 32: the target alone
+3.98 s against 3.11 s (the encoder alone, [32, 64] tokens: 1.31 s against 1.07 s).
 
 bfloat16 is the other way round (the small pair; `benchmarks/dtype_loops.py`): XLA:CPU's own dot
 thunks have no native bfloat16 kernel, while YNNPACK's run bfloat16 x bfloat16 -> float32 with AVX512-BF16. With
@@ -37,6 +45,7 @@ import jax
 import jax.numpy as jnp
 
 __all__ = [
+    "SMALL_DOT_BATCH",
     "SMALL_DOT_ROWS",
     "SMALL_DOT_OPTIONS",
     "TRAIN_STEP_OPTIONS",
@@ -51,6 +60,8 @@ __all__ = [
 YNN_FUSION_OPTION = "xla_cpu_experimental_ynn_fusion_type"
 SMALL_DOT_ROWS = 32
 """Largest ``b × window`` (rows of the biggest decode dot) compiled with ``SMALL_DOT_OPTIONS`` on CPU."""
+SMALL_DOT_BATCH = 1
+"""Largest batch (rows of the decode) compiled with ``SMALL_DOT_OPTIONS`` on CPU (see the module docstring)."""
 SMALL_DOT_OPTIONS = ((YNN_FUSION_OPTION, ""), ("xla_cpu_use_xnnpack", False))
 """No YNNPACK fusions and no XNNPACK: XLA:CPU's own dot thunks (measured best for few-row dots, see above)."""
 TRAIN_STEP_OPTIONS = ((YNN_FUSION_OPTION, "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"),)
@@ -72,17 +83,18 @@ def _top_level() -> bool:
     return trace_state_clean()
 
 
-def cpu_compiler_options(rows: int, dtype=jnp.float32, platform: str | None = None) -> dict | None:
-    """The compile options for a decode program whose largest dot has ``rows`` rows (``b × window``) of
-    ``dtype`` (the target's weights' dtype), compiled for ``platform`` ("cpu", "tpu", "gpu"; None: JAX's default
-    backend).
+def cpu_compiler_options(rows: int, dtype=jnp.float32, platform: str | None = None, batch: int = 1) -> dict | None:
+    """The compile options for a decode program of ``batch`` rows whose largest dot has ``rows`` rows
+    (``b × window``) of ``dtype`` (the target's weights' dtype), compiled for ``platform`` ("cpu", "tpu", "gpu";
+    None: JAX's default backend).
 
-    Returns ``dict(SMALL_DOT_OPTIONS)`` for a CPU program with ``rows <= SMALL_DOT_ROWS`` and a float32 ``dtype``,
-    else None (XLA's defaults); None for other platforms, when ``XLA_FLAGS`` names one of the options, or when
-    ``SPECJAX_XLA_CPU_OPTIONS=0``.
+    Returns ``dict(SMALL_DOT_OPTIONS)`` for a CPU program with ``batch <= SMALL_DOT_BATCH``, ``rows <=
+    SMALL_DOT_ROWS`` and a float32 ``dtype``, else None (XLA's defaults); None for other platforms, when
+    ``XLA_FLAGS`` names one of the options, or when ``SPECJAX_XLA_CPU_OPTIONS=0``.
     """
     if (
         _user_chose(SMALL_DOT_OPTIONS)
+        or batch > SMALL_DOT_BATCH
         or rows > SMALL_DOT_ROWS
         or jnp.dtype(dtype) != jnp.float32
         or (platform or jax.default_backend()) != "cpu"
@@ -122,23 +134,28 @@ def train_step_compiler_options() -> dict | None:
 
 class TunedJit:
     """``jax.jit(fn, static_argnums=...)`` that, called at top level for a CPU program, compiles with
-    ``cpu_compiler_options(rows(*args), weights_dtype(params(*args)), program_platform(params(*args)))``; nested
-    in a trace it is the plain jit (inlined by the caller's).
+    ``cpu_compiler_options(rows(*args), weights_dtype(params(*args)), program_platform(params(*args)),
+    batch(*args))``; nested in a trace it is the plain jit (inlined by the caller's).
 
     ``__call__``, ``lower`` and ``_cache_size`` behave as ``jax.jit``'s (the cache size sums every variant).
     """
 
     def __init__(
-        self, fn: Callable, static_argnums: tuple[int, ...], rows: Callable[..., int], params: Callable[..., object]
+        self,
+        fn: Callable,
+        static_argnums: tuple[int, ...],
+        rows: Callable[..., int],
+        params: Callable[..., object],
+        batch: Callable[..., int] = lambda *a: 1,
     ):
-        self._fn, self._static, self._rows, self._params = fn, static_argnums, rows, params
+        self._fn, self._static, self._rows, self._params, self._batch = fn, static_argnums, rows, params, batch
         self.plain = jax.jit(fn, static_argnums=static_argnums)
         self._tuned: dict[tuple, Callable] = {}
 
     def _pick(self, args):
         params = self._params(*args)
         options = (
-            cpu_compiler_options(self._rows(*args), weights_dtype(params), program_platform(params))
+            cpu_compiler_options(self._rows(*args), weights_dtype(params), program_platform(params), self._batch(*args))
             if _top_level()
             else None
         )
