@@ -152,8 +152,8 @@ def test_decode_windows_equal_unrolled(setup):
 
 @pytest.mark.parametrize("scanned", [False, True])
 def test_slice_rows_equal_gather_and_scatter(setup, scanned):
-    """``slice_rows`` (embedding rows and cache writes as dynamic slices, TPU / GPU programs) gives the logits and
-    caches of the gather and scatter, for windows of 1, 3 and 5 tokens, including windows that run past the
+    """``slice_rows`` (cache writes as dynamic slices, TPU / GPU programs) gives the logits and caches of the
+    scatter, for windows of 1, 3 and 5 tokens, including windows that run past the
     cache's last slot (their writes there dropped, nothing clamped onto earlier slots) and rows past it."""
     cfg, model, stacked, enc = setup
     params = stacked if scanned else model.params

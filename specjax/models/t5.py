@@ -611,20 +611,13 @@ def _causal_bias(relpos_bias: RelativePositionBias, column_bkL, table_len: int):
 
 
 SLICE_ROWS_MAX = 16
-"""``slice_rows`` (``Transformer``) applies to windows of at most this many tokens (embedding rows) and rows (cache
-writes): one dynamic slice each, unrolled in the program; bigger windows keep the gather and the scatter."""
+"""``slice_rows`` (``Transformer``) applies to windows of at most this many rows: one dynamic slice each, unrolled
+in the program; bigger batches keep the scatter."""
 
 
 def _slices_fit(slice_rows: bool, b: int, k: int, cache_len: int) -> bool:
     """Whether a window of ``b`` rows x ``k`` tokens is written with ``_write_window``."""
     return slice_rows and b <= SLICE_ROWS_MAX and k <= cache_len
-
-
-def _embed_rows(table_vd, tokens_bk):
-    """``jnp.take(table_vd, tokens_bk, axis=0)`` [b, k, d] as one ``dynamic_slice`` per token (ids in range)."""
-    ids = tokens_bk.reshape(-1)
-    rows = [jax.lax.dynamic_slice_in_dim(table_vd, ids[j], 1, axis=0) for j in range(ids.shape[0])]
-    return jnp.concatenate(rows, axis=0).reshape(tokens_bk.shape + table_vd.shape[1:])
 
 
 def _write_window(cache, new_bknh, positions_b, layer=None):
@@ -669,11 +662,7 @@ class Embed(nn.Module):
             cfg.weight_dtype,
         )
 
-    def __call__(self, tokens, slice_rows: bool = False):
-        """int32[b, t] -> [b, t, d] in the compute dtype. ``slice_rows``: a window of few tokens (2 to
-        ``SLICE_ROWS_MAX``) is looked up as one dynamic slice per token (``_embed_rows``) instead of a gather."""
-        if slice_rows and 1 < tokens.size <= SLICE_ROWS_MAX:
-            return _embed_rows(self.embedding, tokens).astype(self.config.compute_dtype)
+    def __call__(self, tokens):
         return jnp.take(self.embedding, tokens, axis=0).astype(self.config.compute_dtype)
 
     def attend(self, y):
@@ -686,12 +675,12 @@ class Transformer(nn.Module):
 
     ``dropout_rate`` > 0 only in training (``logits(..., dropout_rng=...)``); inference never drops.
     ``dropout_style``: where and how (``logits``).
-    ``slice_rows``: a decode window of few rows and tokens reads its embedding rows and writes its cache slots
-    with one dynamic slice per token / row (``_embed_rows``, ``_write_window``) instead of a gather and a
-    scatter: the same values. XLA:TPU lowers a gather of a few rows from the [v, d] table to a fusion its cost
-    model charges four whole tables, and a window's scatter into the cache to a copy of the layer's cache and a
-    relayout back (``benchmarks/results/tpu_aot``); the slices are read and written in place.
-    ``T5Model.decoding_model()`` sets it for TPU / GPU programs; CPU programs keep the gather and scatter.
+    ``slice_rows``: a decode window of few rows writes its cache slots with one in-place ``dynamic_update_slice``
+    per row (``_write_window``) instead of a scatter: the same values. XLA:TPU lowers a window's scatter into
+    the cache to a copy of the layer's cache, the scatter on that copy and a relayout back
+    (``benchmarks/results/tpu_aot``). ``T5Model.decoding_model()`` sets it for TPU / GPU programs; CPU programs
+    keep the scatter. (The embedding stays a gather: one dynamic slice per token of a vocabulary-split table
+    made the SPMD partitioner all-gather the whole table in every window.)
     """
 
     config: T5Config
@@ -711,8 +700,7 @@ class Transformer(nn.Module):
         return hidden, Encoded(mask, cross_k, cross_v)
 
     def decode(self, encoded, tokens, cache, positions):
-        x_bkd = self.token_embedder(tokens, self.slice_rows)
-        return self.decoder(x_bkd, positions, cache, encoded, self.token_embedder)
+        return self.decoder(self.token_embedder(tokens), positions, cache, encoded, self.token_embedder)
 
     def __call__(self, encoder_input_tokens, decoder_input_tokens):
         _, encoded = self.encode(encoder_input_tokens)
@@ -812,8 +800,8 @@ def decode(
       tokens: int32[b, k] decoder input tokens (the first decoder input of a sequence is ``pad_id``).
       cache: ``KVCache`` (tuples of l arrays [b, n, L, h], from ``init_cache``).
       positions: int32[b], the position of each row's first window token.
-      slice_rows: look up the embedding rows and write the cache with dynamic slices (``Transformer.slice_rows``;
-        TPU / GPU programs); the same values.
+      slice_rows: write the window into the cache with dynamic slices (``Transformer.slice_rows``; TPU / GPU
+        programs); the same values.
     Returns:
       (logits float32[b, k, v], updated cache).
     """
@@ -1140,7 +1128,7 @@ def _decoder_inputs(module: "Transformer", tokens_bk, positions_b, mask_bs, cach
     if not module.config.per_layer_relpos_bias:
         shared = _causal_bias(module.decoder.relpos_bias, column, cache_len + k)
     cross_bias = jnp.where(mask_bs[:, None, None, :], 0.0, NEG_INF)
-    return module.token_embedder(tokens_bk, module.slice_rows), query_pos, column, shared, cross_bias
+    return module.token_embedder(tokens_bk), query_pos, column, shared, cross_bias
 
 
 def _decoder_head(module: "Transformer", y_bkd):
