@@ -8,20 +8,26 @@ unchanged programs — ``temperature_sample`` (γ = 0, the target alone) or ``sp
 output equals the target's greedy decode token for token).
 
 The choice (Leviathan et al. 2023, section 3.1 and 3.4). For each candidate γ, the predicted tokens per second
-at this batch shape are ``b·n / seconds(γ)`` with
+at this batch shape are ``tokens / seconds(γ)`` with
 
-    seconds(γ) = factor(kind of γ) · (encode(γ) + (n / E(α, γ)) · iteration(γ)),
-    E(α, γ) = (1 − α^(γ+1)) / (1 − α)                    (expected tokens per iteration, §3.1; E(α, 0) = 1),
+    seconds(γ) = factor(kind of γ) · (encode(γ) + iterations(α, γ) · iteration(γ)),
     iteration(0) = target step,   iteration(γ) = target window of γ + 1 tokens + γ · draft step,
 
-``n`` the running mean of a call's longest row (tokens), ``α`` the running acceptance rate, and the costs
-(seconds) measured once per machine and shape with the models' real decode functions jitted alone (with the
+``iterations(α, γ)`` the expected loop iterations of a call: the loop runs until its slowest row is done, and
+a row of ``L`` tokens takes the iterations whose emitted tokens first reach ``L``, each iteration emitting
+``min(A + 1, tokens left)`` with ``A`` the accepted draft tokens, ``P(A >= j) = α^j`` for ``j <= γ`` (the paper's
+i.i.d. model, §3.1, whose mean ``A + 1`` is E(α, γ) = (1 − α^(γ+1)) / (1 − α)); ``E[max over rows]`` is
+computed exactly under that model for the row lengths of the last calls at this batch size
+(``expected_iterations``), so a batch's slowest row and each row's short last window are counted (``n / E(α,
+γ)`` for the longest row ``n`` counts neither: at batch 4 it put γ 8 first where γ 3 ran fastest). γ 0 takes
+the longest row's length. ``tokens`` is the mean tokens of those calls, ``α`` the running acceptance rate, and
+the costs (seconds) measured once per machine and shape with the models' real decode functions jitted alone (with the
 XLA:CPU options the loop of that γ compiles with) and cached on disk (``specjax.hardware.CostCache``).
 ``factor`` is what the jitted-alone costs miss, learned from finished calls: the median, over the last calls of
-that kind at this batch size, of measured wall time / this formula's time for the call (with the call's own α and
-longest row). There are two kinds, the target alone (γ 0) and speculative (every γ >= 1: the loop's
-accept/commit work, the draft's catch-up windows, a batch's longest row running extra iterations), so the choice
-between speculative γ follows the smooth cost model and α, not one call's timing; a kind not run yet at this
+that kind at this batch size, of measured wall time / this formula's time for the call (with the call's own loop
+iterations, read from its ``DecodeResult``: no α or length noise). There are two kinds, the target alone (γ 0)
+and speculative (every γ >= 1: the loop's accept/commit work, the draft's catch-up windows, dispatch), so the
+choice between speculative γ follows the smooth cost model and α, not one call's timing; a kind not run yet at this
 batch size borrows the other's factor, so a busy moment of a shared machine, which slows every program alike,
 does not drive the choice to the program not yet timed. Every ``EXPLORE_EVERY`` calls at a batch size, the best
 γ of the other kind is run once when it is predicted within ``EXPLORE_WITHIN`` of the best and has not run for
@@ -54,6 +60,7 @@ __all__ = [
     "Costs",
     "Choice",
     "Decoder",
+    "expected_iterations",
     "expected_tokens",
     "measure_costs",
 ]
@@ -64,7 +71,7 @@ DEFAULT_ALPHA = 0.6
 """The α prior for a pair with no recorded α."""
 _PRIOR_WEIGHT = 40.0  # verified positions the prior counts for
 _DECAY = 0.9  # weight of earlier calls' evidence at each update (α, lengths)
-_RECENT = 8  # calls whose time factor a kind of program keeps
+_RECENT = 8  # calls whose time factor a kind of program keeps, and whose row lengths a batch size keeps
 EXPLORE_EVERY = 16
 """auto runs the best γ of the kind (target alone / speculative) it has not run for this many calls at a batch
 size once, when that γ is predicted within ``EXPLORE_WITHIN`` of the best: its learned factor is renewed."""
@@ -82,6 +89,39 @@ def expected_tokens(alpha: float, gamma: int) -> float:
         return 1.0
     a = min(max(float(alpha), 0.0), 1.0)
     return float(gamma + 1) if a >= 1.0 else (1.0 - a ** (gamma + 1)) / (1.0 - a)
+
+
+def expected_iterations(lengths, alpha: float, gamma: int) -> float:
+    """Expected loop iterations of a decode call whose rows are ``lengths`` tokens long (EOS included).
+
+    γ 0 (the target alone): ``max(lengths)``, one token per iteration. γ >= 1: each iteration emits ``e`` tokens
+    per row, ``P(e = j) = α^(j−1)(1 − α)`` for ``j <= γ`` and ``P(e = γ + 1) = α^γ`` (Leviathan et al. 2023,
+    §3.1: α i.i.d. per position; E[e] = (1 − α^(γ+1)) / (1 − α)), until the row's ``L`` tokens are out (its last
+    window is cut short); the loop runs until every row is done. With ``S_k`` the tokens after ``k`` iterations
+    (``k``-fold convolution of e's distribution), a row is done after ``k`` iterations with probability
+    ``F_L(k) = P(S_k >= L)``, and ``E[max over rows] = Σ_k (1 − Π_rows F_L(k))``: exact under the model, no
+    sampling.
+
+    Args:
+      lengths: int[b] (or a sequence) row lengths, tokens (>= 1). alpha: in [0, 1]. gamma: >= 0.
+    Returns:
+      float iterations (>= 1).
+    """
+    lengths = np.maximum(np.asarray(lengths, np.int64).reshape(-1), 1)
+    longest = int(lengths.max())
+    if gamma == 0:
+        return float(longest)
+    a = min(max(float(alpha), 0.0), 1.0)
+    pmf = np.array([0.0] + [a ** (j - 1) * (1 - a) for j in range(1, gamma + 1)] + [a**gamma])  # P(e = 0..γ+1)
+    dist = np.zeros(longest + 1)  # P(S_k = t) for t < longest; index ``longest`` holds S_k >= longest
+    dist[0] = 1.0
+    not_done = []  # per k = 0..longest-1: P(max over rows of iterations > k)
+    for _ in range(longest):
+        below = np.concatenate([[0.0], np.cumsum(dist[:-1])])  # below[L] = P(S_k < L) = P(row of L not done)
+        not_done.append(1.0 - np.prod(1.0 - below[lengths]))
+        step = np.convolve(dist[:-1], pmf)  # one more iteration from every unfinished total
+        dist = np.concatenate([step[:longest], [dist[-1] + step[longest:].sum()]])
+    return float(max(np.sum(not_done), 1.0))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -266,10 +306,10 @@ def _kind(gamma: int) -> str:
     return "target alone" if gamma == 0 else "speculative"
 
 
-def _model_seconds(costs: Costs, gamma: int, n: float, alpha: float) -> float:
-    """The cost model's seconds for a call at ``gamma`` whose longest row is ``n`` tokens at acceptance rate
-    ``alpha``: encode + (n / E(α, γ)) iterations (at least one) of ``costs.iteration(gamma)`` (module docstring)."""
-    return costs.encode[gamma] + max(n / expected_tokens(alpha, gamma), 1.0) * costs.iteration(gamma)
+def _model_seconds(costs: Costs, gamma: int, iterations: float) -> float:
+    """The cost model's seconds for a call at ``gamma`` of ``iterations`` loop iterations: encode + iterations ·
+    ``costs.iteration(gamma)`` (module docstring)."""
+    return costs.encode[gamma] + max(iterations, 1.0) * costs.iteration(gamma)
 
 
 def _model_digest(model) -> str:
@@ -405,7 +445,7 @@ class Decoder:
         self._factors: dict = {}  # (b, kind) -> the last calls' wall seconds / the formula's seconds
         self._calls: dict = {}  # b -> auto calls at this batch size
         self._kind_ran: dict = {}  # (b, kind) -> the index (in self._calls[b]) of the last call of that kind
-        self._longest: dict = {}  # b -> _Running of the longest row (tokens)
+        self._lengths: dict = {}  # b -> the row lengths (int[b], tokens) of the last calls at this batch size
         self._compiled: set = set()  # program keys that have run once (compiled)
         self._last_gamma: dict = {}  # b -> the γ auto ran last at this batch size
         self.last_choice: Choice | None = None
@@ -459,13 +499,15 @@ class Decoder:
 
     def predict(self, costs: Costs, alpha: float, batch: int) -> dict:
         """{γ: predicted tokens/s} for every candidate at this batch size (see the module docstring)."""
-        n = self._longest[batch].value if batch in self._longest else self.max_decode_length / 2
+        recent = self._lengths.get(batch) or [np.full((batch,), max(self.max_decode_length // 2, 1))]
+        tokens = float(np.mean([np.sum(x) for x in recent]))
         out = {}
         for g in self.candidates:
             if g > costs.max_gamma:
                 continue
-            seconds = _model_seconds(costs, g, n, alpha) * self.factor(batch, g)
-            out[g] = batch * n / max(seconds, 1e-12)
+            iterations = float(np.mean([expected_iterations(x, alpha, g) for x in recent]))
+            seconds = _model_seconds(costs, g, iterations) * self.factor(batch, g)
+            out[g] = tokens / max(seconds, 1e-12)
         return out
 
     def factor(self, batch: int, gamma: int) -> float:
@@ -574,7 +616,7 @@ class Decoder:
         self._calls[batch] = self._calls.get(batch, 0) + 1
 
     def _learn(self, tokens: np.ndarray, temperature, gamma: int, result, seconds: float) -> None:
-        """Updates α (per greedy / sampled rows), the longest-row estimate and, for a program that had already
+        """Updates α (per greedy / sampled rows), the recent row lengths and, for a program that had already
         compiled, the time factor of ``gamma``'s kind."""
         b = tokens.shape[0]
         temps = np.broadcast_to(np.asarray(temperature, np.float64), (b,))
@@ -582,11 +624,11 @@ class Decoder:
         for name, rows in (("greedy", temps <= 0), ("sampled", temps > 0)):
             if rows.any() and verified[rows].sum() > 0:
                 self._alpha[name].add(float(beta[rows].sum()), float(verified[rows].sum()))
-        longest = float(np.max(result.lengths))
-        if b not in self._longest:
-            self._longest[b] = _Running(longest, 1.0)
-        else:
-            self._longest[b].add(longest, 1.0)
+        lengths = np.asarray(result.lengths, np.int64)
+        longest = float(np.max(lengths))
+        recent_lengths = self._lengths.setdefault(b, [])
+        recent_lengths.append(lengths)
+        del recent_lengths[:-_RECENT]
         call_alpha = float(beta.sum() / verified.sum()) if verified.sum() > 0 else float("nan")
         self.history.append((gamma, seconds, int(np.sum(result.lengths)), call_alpha))
         program = (gamma, tokens.shape, tuple(sorted(self.settings.items())), tuple(self.spec_settings.items()))
@@ -597,7 +639,7 @@ class Decoder:
         costs = self.costs.get(b)
         if costs is None or gamma > costs.max_gamma:
             return
-        a = call_alpha if not math.isnan(call_alpha) else self.alpha(float(np.mean(temps <= 0)))
+        iterations = float(np.max(result.num_target_calls)) if gamma > 0 else longest  # the loop's, exactly
         recent = self._factors.setdefault((b, _kind(gamma)), [])
-        recent.append(seconds / max(_model_seconds(costs, gamma, longest, a), 1e-12))
+        recent.append(seconds / max(_model_seconds(costs, gamma, iterations), 1e-12))
         del recent[:-_RECENT]

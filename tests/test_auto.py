@@ -62,12 +62,13 @@ def test_auto_samples_match_the_target_distribution_while_gamma_changes(tiny_pai
     inputs = _inputs(np.random.default_rng(5), 1, 5, 6)
     dist = _exact_sequence_distribution(target, inputs, Sampler(temperature=1.0), max_len)
     decoder = Decoder(target, draft, gamma="auto", max_decode_length=max_len, cost_cache=False)
-    tables = {  # γ -> costs whose argmax is that γ at any α in (0, 1)
-        0: _flat_costs(1.0, 1.0, 1.0),  # the draft costs as much as the target: no draft
-        1: Costs((1.0,) + (1.0,) + (9.0,) * 7, (0.0,) + (0.01,) * 8, (0.0,) * 9),
-        3: Costs((1.0,) + (1.0,) * 3 + (9.0,) * 5, (0.0,) + (0.01,) * 8, (0.0,) * 9),
-        6: Costs((1.0,) + (1.0,) * 6 + (9.0,) * 2, (0.0,) + (0.0001,) * 8, (0.0,) * 9),
-    }
+
+    def only(g):  # costs whose argmax is γ g at any α in (0, 1): its window is the one cheap program
+        window = tuple(1.0 if i == g else 100.0 if i == 0 else 9.0 for i in range(9))
+        return Costs(window, (0.0,) + (1e-4,) * 8, (0.0,) * 9)
+
+    tables = {0: _flat_costs(1.0, 1.0, 1.0)}  # γ 0: the draft costs as much as the target, no draft
+    tables.update({g: only(g) for g in (1, 3, 6)})
     observed, ran = {}, []
     for c, gamma in enumerate((0, 1, 3, 6, 3, 1)):
         decoder.costs[rows] = tables[gamma]
@@ -91,26 +92,30 @@ def test_auto_samples_match_the_target_distribution_while_gamma_changes(tiny_pai
 
 @pytest.mark.parametrize("alpha", [0.3, 0.6, 0.8, 0.95])
 def test_choice_is_the_argmax_of_the_formula(tiny_pair, alpha):
-    """Given costs and α, the choice is the γ maximising n·b / (encode + n / E(α, γ) · iteration(γ)), with
-    E(α, γ) = (1 − α^(γ+1)) / (1 − α) (Leviathan et al. 2023, §3.1), computed here independently."""
+    """Given costs and α, the choice is the γ maximising tokens / (encode + iterations(α, γ) · iteration(γ)),
+    with the expected iterations of a batch of 4 rows of 20 tokens (the decoder's prior: max_decode_length / 2)
+    estimated here independently by Monte Carlo (Leviathan et al. 2023, §3.1's i.i.d. acceptance; 40,000 simulated
+    calls, so the argmax is checked where the top two γ differ by more than the simulation's error)."""
     target, draft = tiny_pair
     window = [0.010, 0.012, 0.013, 0.015, 0.018, 0.020, 0.024, 0.027, 0.030]  # seconds, window of γ + 1 tokens
     costs = Costs(tuple(window), (0.0,) + (0.0015,) * 8, (0.002,) + (0.0025,) * 8)
     decoder = Decoder(target, draft, max_decode_length=40, alpha_prior=alpha, cost_cache=False, costs={4: costs})
     choice = decoder.choose(np.ones((4, 5), np.int32), temperature=0.0)
-    n = 20.0  # the decoder's prior for the longest row: max_decode_length / 2
+    lengths = np.full(4, 20)  # the decoder's prior for a call's rows: max_decode_length / 2 tokens each
 
     def tokens_per_second(g):
-        e = 1.0 if g == 0 else (1 - alpha ** (g + 1)) / (1 - alpha)
-        return 4 * n / (costs.encode[g] + n / e * (window[g] + g * costs.draft[g]))
+        return 80 / (costs.encode[g] + _monte_carlo_iterations(lengths, alpha, g) * (window[g] + g * costs.draft[g]))
 
-    want = max(range(9), key=tokens_per_second)
-    assert choice.gamma == want
+    by_gamma = {g: tokens_per_second(g) for g in range(9)}
     for g in range(9):
-        assert choice.predicted[g] == pytest.approx(tokens_per_second(g), rel=1e-9)
+        assert choice.predicted[g] == pytest.approx(by_gamma[g], rel=0.01)  # the simulation's error: < 0.5 %
         assert expected_tokens(alpha, g) == pytest.approx(1 if g == 0 else (1 - alpha ** (g + 1)) / (1 - alpha))
+    assert choice.gamma == max(choice.predicted, key=choice.predicted.get)
+    runner_up, best = sorted(by_gamma.values())[-2:]
+    if runner_up < best * 0.99:  # apart by more than the simulation's error
+        assert choice.gamma == max(by_gamma, key=by_gamma.get)
     assert choice.alpha == pytest.approx(alpha)
-    assert "auto" in choice.reason and str(want) in choice.reason
+    assert "auto" in choice.reason and str(choice.gamma) in choice.reason
 
 
 def test_no_draft_when_the_draft_costs_as_much_as_the_target(tiny_pair):
@@ -123,13 +128,42 @@ def test_no_draft_when_the_draft_costs_as_much_as_the_target(tiny_pair):
         assert decoder.choose(np.ones((1, 5), np.int32), 0.0).gamma == 0
 
 
-def _finished(b: int, length: int, alpha: float):
+def _monte_carlo_iterations(lengths, alpha: float, gamma: int, calls: int = 40_000) -> float:
+    """Mean loop iterations of simulated calls: per row and iteration, the accepted count A is the number of
+    leading successes in γ Bernoulli(α) trials, the iteration emits A + 1 tokens, and a row of L tokens is done
+    once it has emitted L; the call ends with its slowest row. γ 0: one token per iteration."""
+    lengths = np.asarray(lengths)
+    if gamma == 0:
+        return float(lengths.max())
+    rng = np.random.default_rng(11)
+    trials = rng.random((calls, lengths.size, int(lengths.max()), gamma)) < alpha  # [calls, b, iteration, γ]
+    accepted = np.argmin(np.concatenate([trials, np.zeros(trials.shape[:-1] + (1,), bool)], -1), -1)
+    emitted = np.cumsum(accepted + 1, -1)
+    return float(np.mean(np.max(np.sum(emitted < lengths[None, :, None], -1) + 1, -1)))
+
+
+@pytest.mark.parametrize("alpha,gamma,lengths", [(0.8, 5, [20]), (0.6, 3, [20, 15, 25, 12]), (0.9, 8, [7, 31])])
+def test_expected_iterations_match_a_monte_carlo_of_the_loop(alpha, gamma, lengths):
+    """``expected_iterations`` (exact, by convolution) equals a Monte Carlo of the loop within 1 %."""
+    from specjax.decoder import expected_iterations
+
+    assert expected_iterations(lengths, alpha, gamma) == pytest.approx(
+        _monte_carlo_iterations(lengths, alpha, gamma), rel=0.01
+    )
+    assert expected_iterations(lengths, alpha, 0) == max(lengths)
+    assert expected_iterations(lengths, 1.0, gamma) == pytest.approx(max(-(-np.asarray(lengths) // (gamma + 1))))
+
+
+def _finished(b: int, length: int, alpha: float, iterations: int = 6):
     """A stand-in for a finished call's ``DecodeResult`` (what ``Decoder._learn`` reads): b rows of ``length``
-    tokens, 10 verified positions each at acceptance rate ``alpha``."""
+    tokens, 10 verified positions each at acceptance rate ``alpha``, ``iterations`` target calls each."""
     import types
 
     return types.SimpleNamespace(
-        beta_sum=np.full((b,), 10 * alpha), num_verified=np.full((b,), 10.0), lengths=np.full((b,), length)
+        beta_sum=np.full((b,), 10 * alpha),
+        num_verified=np.full((b,), 10.0),
+        lengths=np.full((b,), length),
+        num_target_calls=np.full((b,), iterations),
     )
 
 
@@ -138,7 +172,8 @@ def _teach(decoder, x, gamma: int, slowdown: float, alpha: float = 0.8, length: 
     already compiled: the first call of a program teaches no time)."""
     from specjax.decoder import _model_seconds
 
-    seconds = slowdown * _model_seconds(decoder.costs[x.shape[0]], gamma, length, alpha)
+    iterations = length if gamma == 0 else 6  # what _finished reports: the loop's iterations
+    seconds = slowdown * _model_seconds(decoder.costs[x.shape[0]], gamma, iterations)
     for _ in range(2):
         decoder._learn(x, 0.0, gamma, _finished(x.shape[0], length, alpha), seconds)
 
