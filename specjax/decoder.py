@@ -61,6 +61,7 @@ __all__ = [
     "Choice",
     "Decoder",
     "expected_iterations",
+    "expected_iterations_table",
     "expected_tokens",
     "measure_costs",
 ]
@@ -107,21 +108,45 @@ def expected_iterations(lengths, alpha: float, gamma: int) -> float:
     Returns:
       float iterations (>= 1).
     """
-    lengths = np.maximum(np.asarray(lengths, np.int64).reshape(-1), 1)
-    longest = int(lengths.max())
-    if gamma == 0:
-        return float(longest)
+    return expected_iterations_table([lengths], alpha, (gamma,))[gamma]
+
+
+def expected_iterations_table(calls: Sequence, alpha: float, gammas: Sequence[int]) -> dict:
+    """{γ: ``expected_iterations`` averaged over ``calls``} (each an int[b] of row lengths) for every γ in
+    ``gammas``, in one pass: the distributions of ``S_k`` for all γ are advanced together, once for the longest
+    row of all the calls (about a millisecond for 8 calls of 64 rows), so a choice costs little beside a call."""
+    calls = [np.maximum(np.asarray(x, np.int64).reshape(-1), 1) for x in calls]
+    longest = max(int(x.max()) for x in calls)
+    out = {g: float(np.mean([x.max() for x in calls])) for g in gammas if g == 0}
+    spec = [g for g in gammas if g > 0]
+    if not spec:
+        return out
     a = min(max(float(alpha), 0.0), 1.0)
-    pmf = np.array([0.0] + [a ** (j - 1) * (1 - a) for j in range(1, gamma + 1)] + [a**gamma])  # P(e = 0..γ+1)
-    dist = np.zeros(longest + 1)  # P(S_k = t) for t < longest; index ``longest`` holds S_k >= longest
-    dist[0] = 1.0
-    not_done = []  # per k = 0..longest-1: P(max over rows of iterations > k)
+    width = max(spec) + 2
+    pmf = np.zeros((len(spec), width))  # [γ, e]: P(e) for e = 0..max γ + 1
+    for i, g in enumerate(spec):
+        pmf[i, 1 : g + 1] = [a ** (j - 1) * (1 - a) for j in range(1, g + 1)]
+        pmf[i, g + 1] = a**g
+    # shift[i, t, u] = P(e = u - t) for γ spec[i]: one iteration moves the total from t to u
+    t = np.arange(longest)
+    shift = np.zeros((len(spec), longest, longest + width))
+    for e in range(1, width):
+        shift[:, t, t + e] = pmf[:, e : e + 1]
+    rows = np.concatenate(calls)  # every row of every call, and the call each belongs to
+    owner = np.repeat(np.arange(len(calls)), [x.size for x in calls])
+    dist = np.zeros((len(spec), longest))  # P(S_k = t) for t < longest (totals that reached it are dropped)
+    dist[:, 0] = 1.0
+    not_done = np.zeros((len(spec), len(calls)))  # Σ_k P(some row of the call not done after k iterations)
     for _ in range(longest):
-        below = np.concatenate([[0.0], np.cumsum(dist[:-1])])  # below[L] = P(S_k < L) = P(row of L not done)
-        not_done.append(1.0 - np.prod(1.0 - below[lengths]))
-        step = np.convolve(dist[:-1], pmf)  # one more iteration from every unfinished total
-        dist = np.concatenate([step[:longest], [dist[-1] + step[longest:].sum()]])
-    return float(max(np.sum(not_done), 1.0))
+        below = np.concatenate([np.zeros((len(spec), 1)), np.cumsum(dist, -1)], -1)[:, rows]  # P(row not done)
+        with np.errstate(divide="ignore"):
+            log_done = np.log(np.clip(1.0 - below, 0.0, 1.0))  # [γ, rows]
+        per_call = np.zeros((len(spec), len(calls)))
+        np.add.at(per_call, (slice(None), owner), log_done)
+        not_done += 1.0 - np.exp(per_call)
+        dist = np.einsum("it,itu->iu", dist, shift)[:, :longest]
+    out.update({g: float(max(np.mean(not_done[i]), 1.0)) for i, g in enumerate(spec)})
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -501,14 +526,9 @@ class Decoder:
         """{γ: predicted tokens/s} for every candidate at this batch size (see the module docstring)."""
         recent = self._lengths.get(batch) or [np.full((batch,), max(self.max_decode_length // 2, 1))]
         tokens = float(np.mean([np.sum(x) for x in recent]))
-        out = {}
-        for g in self.candidates:
-            if g > costs.max_gamma:
-                continue
-            iterations = float(np.mean([expected_iterations(x, alpha, g) for x in recent]))
-            seconds = _model_seconds(costs, g, iterations) * self.factor(batch, g)
-            out[g] = tokens / max(seconds, 1e-12)
-        return out
+        gammas = [g for g in self.candidates if g <= costs.max_gamma]
+        iterations = expected_iterations_table(recent, alpha, gammas)
+        return {g: tokens / max(_model_seconds(costs, g, iterations[g]) * self.factor(batch, g), 1e-12) for g in gammas}
 
     def factor(self, batch: int, gamma: int) -> float:
         """Measured / modelled seconds for calls of ``gamma``'s kind (0: the target alone; >= 1: speculative) at
