@@ -3,14 +3,15 @@ drafts for TPU v4 / v5e slices, on a CPU host without a TPU (``specjax.aot``; ne
 'specjax[tpu-aot]'``).
 
 For each slice (one v4 chip, v4-8 with model:4, v5e-8 with model:8, v4-32 with data:4,model:4): the whole
-``speculative_sample`` (small draft) and ``temperature_sample`` programs as ``model_parallel_sample`` runs them
+``speculative_sample`` (each draft) and ``temperature_sample`` programs as ``model_parallel_sample`` runs them
 (γ 7, batch 1, 512 input / 128 output tokens, greedy), then the pieces (target step, windows for γ 3 / 5 / 7,
-each draft's step), c, window / step and the paper's Table 2 projected. Times are XLA's cost model, not a
-measurement. Compile times are this host's (say which CPU and whether it was loaded when quoting them).
+each draft's step), c, window / step and the paper's Table 2 projected. Times are estimates read from the
+compiled programs (the HBM traffic of ``specjax.aot.hbm_traffic`` and XLA's cost model), not a measurement.
+Compile times are this host's (say which CPU and whether it was loaded when quoting them).
 
 Usage:
   python benchmarks/tpu_aot.py [--only v4-8,v4-1] [--drafts small,base,large] [--no-base-program]
-      [--before PATH.json ...] [--out benchmarks/results/tpu_aot/2026-12-06_xxl]
+      [--before PATH.json ...] [--out benchmarks/results/tpu_aot/2026-12-07_xxl]
 Writes ``OUT.md`` (tables) and ``OUT.json`` (the reports, no HLO).
 ``--before``: JSON files written by an earlier run (e.g. the unrolled layers) whose compile times and code sizes
 are shown beside this run's.
@@ -66,22 +67,24 @@ def _markdown(reports: list[dict], before: list[dict], host: str) -> str:
         "# T5 1.1 XXL speculative decoding compiled for TPU ahead of time (no TPU; `specjax aot`)",
         "",
         f"Compiled on: {host}; commit {_commit()}. Target T5 1.1 XXL bfloat16, γ 7, batch 1, 512 input / 128 output "
-        "tokens, temperature 0, token verification. Times per piece are **XLA's cost model** (cost_analysis flops "
-        "and bytes over the chip's peak bf16 FLOP/s and HBM bandwidth), not a measurement.",
+        "tokens, temperature 0, token verification. **No figure here is a run.** Per piece two readings of the "
+        "compiled program: XLA's cost model (cost_analysis bytes accessed, which counts every on-chip prefetch of a "
+        "kernel or cache as more accesses, over the HBM bandwidth; or flops over the peak bf16 FLOP/s if larger) "
+        "and the HBM traffic read from the compiled HLO (`specjax.aot.hbm_traffic`: each buffer moved between HBM "
+        "and the chip counted once; or the MXU time if larger), the estimate c, window / step and the projections "
+        "use. Floor = (weights a step reads + caches and cross-attention memory per device) / bandwidth.",
         "",
-        "## Whole programs (small draft)",
+        "## Whole programs (layers scanned)",
         "",
-        "| slice, mesh | program | compile s | code MB | per device GB: arguments + temporaries (of HBM) | "
-        "decode loops | collectives per iteration | host transfers |",
-        "|---|---|---|---|---|---|---|---|",
+        "| slice, mesh | program | draft | compile s | code MB | per device GB: arguments + temporaries (of HBM) | "
+        "decode loops | collectives per iteration | whole-cache copies per iteration | host transfers |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in reports:
-        if r["draft"] != "t5_1_1_small":
-            continue
         for p in r["programs"]:
             where = f"{r['topology']} data:{r['mesh']['data']},model:{r['mesh']['model']}"
             if not p["compiled"]:
-                lines.append(f"| {where} | {p['name']} | failed: {p['error'].splitlines()[0][:120]} | | | | | |")
+                lines.append(f"| {where} | {p['name']} | | failed: {p['error'].splitlines()[0][:120]} | | | | | | |")
                 continue
             m, loop = p["bytes_per_device"], p.get("loop", {})
             coll = ", ".join(
@@ -89,11 +92,13 @@ def _markdown(reports: list[dict], before: list[dict], host: str) -> str:
                 if v["count"]
             ) or "none"  # fmt: skip
             host_ops = loop.get("host_transfers", []) + loop.get("host_callbacks", [])
+            copies = loop.get("cache_copies", {})
             lines.append(
-                f"| {where} | {p['name']} | {p['compile_seconds']:.1f}{_cpu(p)} | "
-                f"{p['generated_code_bytes'] / 1e6:.1f} | "
+                f"| {where} | {p['name']} | {r['draft'] if p['name'] == 'speculative_sample' else '—'} | "
+                f"{p['compile_seconds']:.1f}{_cpu(p)} | {p['generated_code_bytes'] / 1e6:.1f} | "
                 f"{m['arguments'] / 1e9:.2f} + {m['temporaries'] / 1e9:.2f} ({p['hbm_bytes'] / 2**30:.0f} GiB) | "
-                f"{loop.get('decode_loops')} | {coll} | {', '.join(host_ops) or 'none'} |"
+                f"{loop.get('decode_loops')} | {coll} | "
+                f"{copies.get('count', 0)} ({copies.get('bytes', 0) / 1e6:.1f} MB) | {', '.join(host_ops) or 'none'} |"
             )
     if before:
         lines += [
@@ -121,11 +126,11 @@ def _markdown(reports: list[dict], before: list[dict], host: str) -> str:
             )
     lines += [
         "",
-        "## Pieces, c and window / step (XLA's cost model)",
+        "## Pieces, c and window / step (HBM traffic estimate; XLA's cost model in brackets)",
         "",
-        "| slice | target step ms (floor) | window γ 7 ms | window / step γ 3, 5, 7 | draft | draft step ms | c | "
-        "paper c |",
-        "|---|---|---|---|---|---|---|---|",
+        "| slice | target step ms | floor ms | step / floor | window γ 7 ms | window / step γ 3, 5, 7 | draft | "
+        "draft step ms | c | paper c |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in reports:
         pieces = r.get("pieces") or {}
@@ -133,23 +138,31 @@ def _markdown(reports: list[dict], before: list[dict], host: str) -> str:
         if not step.get("compiled"):
             continue
         ws = ", ".join(f"{v:.3f}" for _, v in sorted(r.get("window_over_step_by_gamma", {}).items()))
+        ws_raw = ", ".join(f"{v:.3f}" for _, v in sorted(r.get("window_over_step_by_gamma_cost_model", {}).items()))
+        floor = step["floor_seconds"]
         lines.append(
-            f"| {r['topology']} | {step['estimate_seconds'] * 1e3:.2f} ({step['floor_seconds'] * 1e3:.2f}) | "
-            f"{window.get('estimate_seconds', 0) * 1e3:.2f} | {ws} | {r['draft']} | "
-            f"{draft.get('estimate_seconds', 0) * 1e3:.3f} | {r['c']:.4f} | {r.get('paper_c')} |"
+            f"| {r['topology']} | {step['estimate_seconds'] * 1e3:.2f} ({step['cost_model_seconds'] * 1e3:.2f}) | "
+            f"{floor * 1e3:.2f} | {step['estimate_seconds'] / floor:.3f} ({step['cost_model_seconds'] / floor:.2f}) "
+            f"| {window.get('estimate_seconds', 0) * 1e3:.2f} ({window.get('cost_model_seconds', 0) * 1e3:.2f}) | "
+            f"{ws} ({ws_raw}) | {r['draft']} | {draft.get('estimate_seconds', 0) * 1e3:.3f} "
+            f"({draft.get('cost_model_seconds', 0) * 1e3:.3f}) | {r['c']:.4f} ({r['c_cost_model']:.4f}) | "
+            f"{r.get('paper_c')} |"
         )
     lines += [
         "",
         "## The paper's Table 2 projected: (1 - α^(γ+1)) / ((1 - α)(γc + w)), the paper's α, this c and w",
         "",
-        "| slice | task | draft | T | γ | paper α | paper speedup | Table 4 expectation | projected |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| slice | task | draft | T | γ | paper α | paper speedup | Table 4 expectation | projected | "
+        "projected, XLA's cost model |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in reports:
         for p in r.get("projections", []):
+            raw = p.get("projected_speedup_cost_model")
             lines.append(
                 f"| {r['topology']} | {p['task']} | {p['draft']} | {p['temperature']} | {p['gamma']} | "
-                f"{p['paper_alpha']} | {p['paper_speedup']}x | {p['paper_expected']}x | {p['projected_speedup']:.2f}x |"
+                f"{p['paper_alpha']} | {p['paper_speedup']}x | {p['paper_expected']}x | {p['projected_speedup']:.2f}x "
+                f"| {'—' if raw is None else f'{raw:.2f}x'} |"
             )
     return "\n".join(lines) + "\n"
 
@@ -161,7 +174,7 @@ def main(argv=None) -> int:
     parser.add_argument("--programs", default="speculative_sample,temperature_sample")
     parser.add_argument("--no-pieces", action="store_true")
     parser.add_argument("--before", nargs="*", default=[], help="earlier JSON outputs to compare compile times with")
-    parser.add_argument("--out", default="benchmarks/results/tpu_aot/2026-12-06_xxl")
+    parser.add_argument("--out", default="benchmarks/results/tpu_aot/2026-12-07_xxl")
     parser.add_argument("--merge", nargs="*", default=None, help="only write OUT.md/.json from these JSON outputs")
     args = parser.parse_args(argv)
     before = []
@@ -197,7 +210,7 @@ def main(argv=None) -> int:
                 "t5_1_1_xxl",
                 DRAFTS[draft],
                 mesh=mesh,
-                programs=tuple(p for p in args.programs.split(",") if p) if i == 0 else (),
+                programs=tuple(p for p in args.programs.split(",") if p and (i == 0 or p == "speculative_sample")),
                 pieces=not args.no_pieces,
                 reuse_pieces=reuse,
                 log=lambda line: print(time.strftime("%H:%M:%S"), line, flush=True),
