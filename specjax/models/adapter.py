@@ -44,7 +44,7 @@ class T5Decoding:
         arrays [l, ...] (``t5.encode_scanned``, ``t5.decode_scanned``). The same values as the unrolled layers
         (float32: within 1e-5, ``tests/test_scan.py``); the program holds one layer's code instead of l, so its
         compile time and size do not grow with depth (``T5Model.decoding_model`` picks it off CPU).
-      slice_rows: decode windows of few rows write their cache slots with one dynamic slice per row instead of
+      slice_rows: decode windows of one row write their cache slots with one dynamic slice per row instead of
         a scatter (``specjax.models.t5.Transformer``): the same values, written in place by XLA:TPU
         (``T5Model.decoding_model`` picks it off CPU).
     """
