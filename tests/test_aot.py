@@ -85,6 +85,10 @@ def test_no_libtpu_message(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "libtpu" in err and "pip install 'specjax[tpu-aot]'" in err
     assert len(err.strip().splitlines()) == 1
+    # an unknown topology is named first: nobody installs libtpu to learn the name was wrong
+    assert cli.main(["aot", "--topology", "v9-8"]) == 2
+    err = capsys.readouterr().err
+    assert "Unknown TPU topology 'v9-8'" in err and "v4-8" in err and "libtpu" not in err
 
 
 def test_loop_analysis_counts_a_hand_written_module():

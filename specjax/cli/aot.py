@@ -49,6 +49,7 @@ def run(args) -> int:
     """Compiles and prints the report; 2 when libtpu is missing or the configuration does not fit."""
     from specjax import aot
 
+    aot._topology(args.topology)  # an unknown topology is named before the libtpu check (no 680 MB install first)
     try:
         aot.require_libtpu()
         report = aot.compile_report(
