@@ -58,7 +58,9 @@ class PairMeasurement:
 
     Attributes:
       spec_seconds, base_seconds: total wall time (seconds) over all batches and repeats (compiled calls).
-      spec_compile_seconds, base_compile_seconds: the first call of each (compile + run), seconds.
+      spec_compile_seconds, base_compile_seconds: the first call of each (compile + run), seconds; with a
+        ``Decoder`` (γ auto or 0) the speculative side's includes its untimed warm-up pass (cost measurement,
+        compiles).
       spec, base: ``DecodeResult`` per batch (from the last repeat).
       num_inputs: real rows (filler rows of the last batch excluded).
       gammas: with ``gamma="auto"``: the γ each batch of the last pass ran (0: the target alone); else None.
@@ -213,6 +215,7 @@ def measure_pair(
         spec_kw["draft_confidence_threshold"] = draft_confidence_threshold
 
     decoder, gammas, compiled = None, None, []
+    t0 = time.perf_counter()  # with a Decoder its warm-up pass (cost measurement, compiles) counts as compile time
     if gamma == "auto" or gamma == 0:
         from specjax.decoder import Decoder
 
@@ -241,7 +244,6 @@ def measure_pair(
     def base(j, x):
         return finish(temperature_sample(target, x, rng=jax.random.PRNGKey(seed + j), **kw))
 
-    t0 = time.perf_counter()
     spec(0, batches[0])
     spec_compile = time.perf_counter() - t0
     t0 = time.perf_counter()
