@@ -109,15 +109,20 @@ def test_demo_runs_on_real_lines(capsys, data_dir):
 
 
 def test_demo_small_runs_its_fastest_dtypes(capsys, data_dir):
-    """``specjax demo --size small`` loads the target in bfloat16 and the draft in float32 (``DEMO_DTYPES``) and
-    says so; the flags override them."""
+    """``specjax demo --size small`` loads the dtypes dtype "auto" picks for this machine and says so: on a CPU
+    with native bfloat16 dots the pair's ``DEMO_DTYPES`` (a bfloat16 target, a float32 draft), elsewhere float32
+    for both (``pair_dtypes``; the CPU-flag logic itself is tested in test_auto.py with the flags patched)."""
+    from specjax import hardware
     from specjax.cli import main
-    from specjax.defaults import DEMO_DTYPES, DEMO_GAMMA
+    from specjax.defaults import DEMO_DTYPES, DEMO_GAMMA, pair_dtypes
 
     assert DEMO_DTYPES["small"] == ("bfloat16", "float32") and DEMO_GAMMA["small"] == 5
+    target_dtype, draft_dtype, _ = pair_dtypes("small")
+    want = DEMO_DTYPES["small"] if hardware.native_bf16_dots() else ("float32", "float32")
+    assert (target_dtype, draft_dtype) == want
     assert main(["demo", "--size", "small", "--num-lines", "2"]) == 0
     captured = capsys.readouterr()
-    assert "46.0M params, bfloat16" in captured.err and "distilled, float32" in captured.err
+    assert f"46.0M params, {target_dtype}" in captured.err and f"distilled, {draft_dtype}" in captured.err
     # γ is "auto" by default (specjax.Decoder); DEMO_GAMMA is the fixed γ the pair was measured at.
     assert "gamma=auto" in captured.out and captured.out.count("DE: ") == 2
     assert "greedy outputs identical to the target alone: " in captured.out
