@@ -252,8 +252,9 @@ def measure_costs(target, draft, tokens, max_decode_length: int, max_gamma: int 
     a loop (a bfloat16 model's weights converted for XLA:CPU's float32 dots) is then paid once per loop, not
     per call. Compiled with the XLA:CPU options the loop of that γ uses (``decoding/xla_cpu.py``), on a cache of
     the loop's length (``T + max_gamma + 1``); the least of ``repeats`` runs after a warm-up, per call. The
-    target's one-token step and its windows of ``WINDOWS_MEASURED`` tokens are timed, other windows interpolated
-    linearly in the window size; the draft step once per distinct compile option set; the encodes once. The
+    target alone's step (``STEP_WINDOW`` tokens, as ``temperature_sample`` feeds it) and its windows of
+    ``WINDOWS_MEASURED`` tokens are timed, other windows interpolated linearly in the window size; the draft
+    step once per distinct compile option set; the encodes once. The
     parts are timed in ``repeats`` interleaved rounds (``_least_seconds_interleaved``), so a burst of load on a
     shared machine cannot make one part look slow beside the others. Compile time is not measured. About 5-10
     compiles: 20-60 s for the shipped small pair on a 2-core CPU.
@@ -297,7 +298,10 @@ def measure_costs(target, draft, tokens, max_decode_length: int, max_gamma: int 
         return jax.jit(chain, compiler_options=options), (params, enc, fns.init_cache(b, length))
 
     ks = sorted({k for k in WINDOWS_MEASURED if k <= max_gamma + 1} | {max_gamma + 1} - {1})
-    parts = {("target", 1): decode_part(t_fns, t_params, 1, _options(b, t_params, b))}
+    from specjax.decoding.baseline import STEP_WINDOW
+
+    # The target alone's step is fed STEP_WINDOW tokens (one numeric path with the windows): timed as it runs.
+    parts = {("target", 1): decode_part(t_fns, t_params, STEP_WINDOW, _options(b * STEP_WINDOW, t_params, b))}
     parts.update({("target", k): decode_part(t_fns, t_params, k, _options(b * k, t_params, b)) for k in ks})
     draft_options: dict = {}  # γ -> the key of the compile options its loop uses (the draft step runs under them)
     for g in range(1, max_gamma + 1):
