@@ -15,10 +15,9 @@ import pytest
 
 import specjax
 from specjax import hardware
+from specjax.bench.invariance import window_step_mismatch
 from specjax.config import T5Config
 from specjax.decoding import PromptLookupDraft, speculative_sample, temperature_sample
-from specjax.decoding.baseline import STEP_WINDOW
-from specjax.decoding.xla_cpu import cpu_compiler_options
 from specjax.models.t5 import T5Model, fixed_order_softmax, fixed_order_sum
 
 # ----------------------------------------------------------------------------------------------------------
@@ -67,46 +66,17 @@ def small_target(request):
     return target, draft, tok
 
 
-def _window_and_step_logits(target, tokens_bt, encoder_tokens, gamma, T):
-    """Logits float32[b, T, v] of ``tokens_bt`` fed (a) as the target alone feeds them (one step per position,
-    ``STEP_WINDOW`` tokens, cache of T + 1 slots) and (b) as speculative sampling does (windows of γ + 1 from
-    ragged accepted counts, cache of T + γ + 1 slots), each compiled with the options the loops use."""
-    fns, params = target.decoding_model()
-    b = tokens_bt.shape[0]
-    dtype = jnp.dtype(target.config.dtype)
-
-    def jitted(rows):
-        return jax.jit(fns.decode, compiler_options=cpu_compiler_options(rows, dtype, "cpu", b))
-
-    enc = jax.jit(fns.encode)(params, encoder_tokens)
-    step = jitted(STEP_WINDOW * b)
-    cache, steps = fns.init_cache(b, T + 1), []
-    for i in range(T):
-        tk = jnp.tile(tokens_bt[:, i : i + 1], (1, STEP_WINDOW))
-        lg, cache = step(params, enc, tk, cache, jnp.full((b,), i, jnp.int32))
-        steps.append(np.asarray(lg[:, 0]))
-    window = jitted((gamma + 1) * b)
-    cache, windows, n = fns.init_cache(b, T + gamma + 1), np.zeros((b, T, fns.vocab_size), np.float32), 0
-    accepted = np.random.default_rng(gamma)
-    while n < T:
-        lg, cache = window(params, enc, tokens_bt[:, n : n + gamma + 1], cache, jnp.full((b,), n, jnp.int32))
-        a = min(int(accepted.integers(1, gamma + 2)), T - n)
-        windows[:, n : n + a] = np.asarray(lg[:, :a])
-        n += a
-    return np.stack(steps, 1), windows
-
-
 @pytest.mark.parametrize("batch,gamma", [(1, 4), (1, 7), (3, 5)])
 def test_window_logits_equal_step_logits_bit_for_bit(small_target, batch, gamma):
+    """The target's logits from speculative windows (ragged accepted counts, a cache of T + γ + 1 slots) against
+    the target alone's steps (a cache of T + 1 slots), each compiled as its loop is (``window_step_mismatch``)."""
     target, _, tok = small_target
     lines = ["A man is riding a bicycle down the street.", "Two dogs play in the snow.", "The children sit."]
     x = np.asarray(tok.encode_batch(lines[:batch]))
-    x = jnp.asarray(np.pad(x, ((0, 0), (0, 32 - x.shape[1]))), jnp.int32)
-    T = 16
-    tokens = jnp.asarray(np.random.default_rng(7).integers(3, 8000, size=(batch, T + gamma + 1)), jnp.int32)
-    steps, windows = _window_and_step_logits(target, tokens, x, gamma, T)
-    differ = int(np.sum(steps != windows))
-    assert differ == 0, f"{target.config.dtype}: {differ} of {steps.size} logits differ between window and step"
+    x = np.pad(x, ((0, 0), (0, 32 - x.shape[1])))
+    got = window_step_mismatch(target, x, gamma, max_decode_length=16, seed=gamma)
+    assert got["total"] == batch * 16 * 8000
+    assert got["differ"] == 0, f"{target.config.dtype}: {got}"
 
 
 # Lines 0-63 of newstest2014 and the lines whose greedy output differed from the target alone on the bfloat16
