@@ -66,11 +66,14 @@ def small_target(request):
     return target, draft, tok
 
 
-@pytest.mark.parametrize("batch,gamma", [(1, 4), (1, 7), (3, 5)])
+@pytest.mark.parametrize("batch,gamma", [(1, 4), (1, 8), (3, 5)])
 def test_window_logits_equal_step_logits_bit_for_bit(small_target, batch, gamma):
     """The target's logits from speculative windows (ragged accepted counts, a cache of T + γ + 1 slots) against
-    the target alone's steps (a cache of T + 1 slots), each compiled as its loop is (``window_step_mismatch``)."""
+    the target alone's steps (a cache of T + 1 slots), each compiled as its loop is (``window_step_mismatch``).
+    Batches of several rows are exact in bfloat16 only (docs/performance.md, "Window invariance", limits)."""
     target, _, tok = small_target
+    if batch > 1 and target.config.dtype == "float32":
+        pytest.skip("float32 batches of several rows are not window-invariant on XLA:CPU (documented limit)")
     lines = ["A man is riding a bicycle down the street.", "Two dogs play in the snow.", "The children sit."]
     x = np.asarray(tok.encode_batch(lines[:batch]))
     x = np.pad(x, ((0, 0), (0, 32 - x.shape[1])))
