@@ -72,14 +72,15 @@ def test_window_logits_equal_step_logits_bit_for_bit(small_target, batch, gamma)
     the target alone's steps (a cache of T + 1 slots), each compiled as its loop is (``window_step_mismatch``).
     Batches of several rows are exact in bfloat16 only (docs/performance.md, "Window invariance", limits)."""
     target, _, tok = small_target
-    if batch > 1 and target.config.dtype == "float32":
-        pytest.skip("float32 batches of several rows are not window-invariant on XLA:CPU (documented limit)")
     lines = ["A man is riding a bicycle down the street.", "Two dogs play in the snow.", "The children sit."]
     x = np.asarray(tok.encode_batch(lines[:batch]))
     x = np.pad(x, ((0, 0), (0, 32 - x.shape[1])))
     got = window_step_mismatch(target, x, gamma, max_decode_length=16, seed=gamma)
     assert got["total"] == batch * 16 * 8000
-    assert got["differ"] == 0, f"{target.config.dtype}: {got}"
+    if batch > 1 and target.config.dtype == "float32":  # the documented limit: equal up to the last bits
+        assert got["argmax_differ"] == 0 and got["max_abs"] < 1e-3, got
+    else:
+        assert got["differ"] == 0, f"{target.config.dtype}: {got}"
 
 
 # Lines 0-63 of newstest2014 and the lines whose greedy output differed from the target alone on the bfloat16
