@@ -26,6 +26,7 @@ __all__ = [
     "prepare_tokens",
     "raw_keys",
     "row_keys",
+    "split_rows",
     "bucket_length",
     "pad_batch",
     "batches",
@@ -204,6 +205,11 @@ def raw_keys(rng, batch: int):
             "fold_in(key, row)) or exactly one key per row."
         )
     return rng
+
+
+def split_rows(keys: jax.Array, num: int) -> jax.Array:
+    """keys uint32[b, 2] -> uint32[num, b, 2] (vmapped split, so each row only uses its own key)."""
+    return jnp.swapaxes(jax.vmap(lambda k: jax.random.split(k, num))(keys), 0, 1)
 
 
 def row_keys(raw: jax.Array, batch: int) -> jax.Array:
