@@ -50,6 +50,10 @@ def run(args) -> int:
     from specjax import aot
 
     aot._topology(args.topology)  # an unknown topology is named before the libtpu check (no 680 MB install first)
+    if args.json:
+        from specjax.cli._common import check_output_path
+
+        check_output_path(args.json, "--json")  # before minutes of compiling
     try:
         aot.require_libtpu()
         report = aot.compile_report(
