@@ -221,7 +221,7 @@ def test_convert_into_a_place_it_may_not_write_is_one_line(capsys):
 def test_generate_onto_a_full_disk_is_one_line(tmp_path, inputs):
     """/dev/full: every write fails with ENOSPC, as on a full disk; the error comes with the first batch's lines."""
     args = ["generate", "--size", "mini", "--input", str(inputs), "--output", "/dev/full", "--gamma", "3"]
-    cmd = Command(args + ["--max-decode-length", "8", "--batch-size", "200"], tmp_path)
+    cmd = Command(args + ["--max-decode-length", "8", "--batch-size", "8"], tmp_path)
     assert cmd.proc.wait(timeout=600) == 2
     for t in cmd.threads:
         t.join(timeout=10)
@@ -254,6 +254,13 @@ def test_output_lines_on_a_full_disk_names_the_path(tmp_path):
     out.close()
 
 
+def test_a_device_as_output_has_no_lines_to_resume_after():
+    """Reading /dev/full or /dev/zero never ends (a run with --output /dev/full once read it until memory ran out)."""
+    from specjax.cli._common import lines_done
+
+    assert lines_done("/dev/full") == lines_done("/dev/null") == lines_done("-") == 0
+
+
 def test_check_output_path_leaves_nothing_behind(tmp_path):
     path = tmp_path / "out.txt"
     check_output_path(str(path))
@@ -279,3 +286,42 @@ def test_check_output_path_leaves_nothing_behind(tmp_path):
 def test_os_error_line_names_the_path_and_the_fix(error, expected):
     line = os_error_line(error)
     assert line.startswith(expected) and "\n" not in line
+
+
+# --- libtpu quiet: no start-up lines on a host without a TPU ---------------------------------------------------
+
+
+LIBTPU_LINES = ("host bounds", "InitGoogle", "E0000", "TPU_WORKER_HOSTNAMES", "libtpu_init_utils")
+
+
+def _no_tpu_env(tmp_path) -> dict:
+    """The environment of a fresh shell: none of the variables the tests' own set-up puts in place; libtpu may load
+    while another process holds it (ALLOW_MULTIPLE_LIBTPU_LOAD: it then prints its start-up lines, as it does
+    when it is the only one)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TPU_WORKER_HOSTNAMES", "TPU_HOST_BOUNDS")}
+    return dict(env, PYTHONPATH=str(REPO), ALLOW_MULTIPLE_LIBTPU_LOAD="1", SPECJAX_CACHE_DIR=str(tmp_path / "c"))
+
+
+def test_a_command_prints_no_libtpu_lines(tmp_path):
+    pytest.importorskip("libtpu", reason="libtpu is not installed: it has nothing to print")
+    from specjax.cli._common import _has_tpu
+
+    if _has_tpu():
+        pytest.skip("this host has a TPU: libtpu's start-up lines are its own business there")
+    env = _no_tpu_env(tmp_path)
+    bare = subprocess.run(
+        [sys.executable, "-c", "import jax; jax.devices()"], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert any(s in bare.stderr for s in LIBTPU_LINES), bare.stderr  # what a plain `import jax` user sees
+    src = REPO / "specjax" / "assets" / "mini_pair" / "draft_distilled"
+    run = subprocess.run(
+        [sys.executable, "-m", "specjax", "convert", str(src), str(tmp_path / "hf"), "--to", "hf"],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    assert not any(s in run.stderr for s in LIBTPU_LINES), run.stderr
+    assert run.stdout.startswith("wrote hf checkpoint to ")

@@ -39,14 +39,16 @@ INTERRUPT_EXIT = 130
 
 
 def lines_done(path: str) -> int:
-    """Complete lines already in the output file ``path`` (0 if absent or ``-``, stdout): where a rerun resumes.
+    """Complete lines already in the output file ``path`` (0 if absent or ``-``, stdout, or not a regular file: a
+    device such as ``/dev/full`` or ``/dev/null``, or a pipe, holds no earlier run's lines and may never end when
+    read): where a rerun resumes.
 
     A trailing partial line (an interrupted write) is cut off the file.
 
     Raises:
       OSError: ``path`` exists but cannot be read and written.
     """
-    if path == "-" or not os.path.exists(path):
+    if path == "-" or not os.path.isfile(path):
         return 0
     with open(path, "rb+") as f:
         data = f.read()
