@@ -325,3 +325,10 @@ def test_a_command_prints_no_libtpu_lines(tmp_path):
     assert run.returncode == 0, run.stderr
     assert not any(s in run.stderr for s in LIBTPU_LINES), run.stderr
     assert run.stdout.startswith("wrote hf checkpoint to ")
+
+
+def test_a_missing_checkpoint_is_the_only_line(tmp_path, capsys):
+    missing = tmp_path / "no_such_checkpoint"
+    assert main(["translate", "--target", str(missing), "--draft", str(missing), "A dog runs."]) == 2
+    line = _one_error_line(capsys, "translate")  # no "tokenizer: ..." line before it
+    assert str(missing) in line

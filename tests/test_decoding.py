@@ -509,6 +509,9 @@ def no_compile(monkeypatch):
         (dict(inputs=np.full((2, 9), 3, np.int32), max_input_length=8), "truncate=True"),
         (dict(inputs=np.array([[3, 99, 1]])), "outside the vocabulary"),
         (dict(inputs=np.array([3, 4, 1])), "2-D"),
+        (dict(inputs=["A dog runs.", "Two men talk."]), "look like text .* tokenizer.encode_batch"),
+        (dict(inputs="A dog runs."), "look like text"),
+        (dict(inputs=[[3, 4, 1], [5, 1]]), "different lengths; pad them"),
         (dict(rng=jnp.zeros((3, 2), jnp.uint32)), "per-row keys"),
     ],
 )

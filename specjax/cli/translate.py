@@ -68,10 +68,10 @@ def run(args: argparse.Namespace) -> int:
         from specjax.cli.generate import DEFAULT_TOKENIZER
         from specjax.tokenizer import resolve_tokenizer
 
+        target = load_checkpoint(args.target)  # first: a missing checkpoint is the one line to read
+        draft = None if lookup else load_checkpoint(args.draft)
         tokenizer, origin = resolve_tokenizer(args.target, args.tokenizer, DEFAULT_TOKENIZER)
         print(f"tokenizer: {origin}", file=sys.stderr)
-        target = load_checkpoint(args.target)
-        draft = None if lookup else load_checkpoint(args.draft)
     else:
         from specjax.defaults import load_default_pair
 
