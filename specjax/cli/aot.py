@@ -32,7 +32,12 @@ def add_parser(subparsers) -> None:
     p.add_argument("--output-length", type=int, default=128, help="max_decode_length in tokens (default 128)")
     p.add_argument("--temperature", type=float, default=0.0, choices=(0.0, 1.0), help="0 greedy (default) or 1")
     p.add_argument("--verifier", choices=("token", "block"), default="token", help="verification (default token)")
-    p.add_argument("--mesh", default=None, help="data:N,model:M (default: the smallest model split that fits)")
+    p.add_argument(
+        "--mesh",
+        default=None,
+        help="data:N,model:M (default: a data axis no larger than --batch, then the smallest model split that "
+        "fits; at batch 1 every chip splits the model: data:1,model:4 on a v4-8)",
+    )
     p.add_argument("--data-parallel", action="store_true", help="data_parallel_sample's program (weights replicated)")
     p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="weights and compute")
     p.add_argument(
