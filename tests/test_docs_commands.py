@@ -15,7 +15,6 @@ import re
 import shlex
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
@@ -80,7 +79,16 @@ def _all_commands():
 
 
 COMMANDS = _all_commands()
-EXTRAS = set(tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+
+
+def _extras() -> set[str]:
+    """The extras declared under ``[project.optional-dependencies]`` in pyproject.toml (Python 3.10 has no tomllib)."""
+    text = (REPO / "pyproject.toml").read_text(encoding="utf-8")
+    section = text.split("[project.optional-dependencies]", 1)[1].split("\n[", 1)[0]
+    return set(re.findall(r"^([\w-]+)\s*=", section, re.M))
+
+
+EXTRAS = _extras()
 
 
 def _strip_redirects(argv: list[str]) -> list[str]:
