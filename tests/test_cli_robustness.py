@@ -332,3 +332,23 @@ def test_a_missing_checkpoint_is_the_only_line(tmp_path, capsys):
     assert main(["translate", "--target", str(missing), "--draft", str(missing), "A dog runs."]) == 2
     line = _one_error_line(capsys, "translate")  # no "tokenizer: ..." line before it
     assert str(missing) in line
+
+
+@pytest.mark.parametrize("gamma", ["3", "auto"])
+def test_a_draft_with_another_vocabulary_leaves_no_output_file(tmp_path, inputs, capsys, gamma):
+    from specjax import T5Config, T5Model, save_checkpoint
+
+    tiny = T5Config(
+        vocab_size=32128, d_model=16, num_heads=2, head_dim=8, mlp_dim=32, num_encoder_layers=1,
+        num_decoder_layers=1, name="tiny",
+    )  # fmt: skip
+    draft = save_checkpoint(T5Model.random(tiny, seed=1), tmp_path / "draft")
+    target = REPO / "specjax" / "assets" / "mini_pair" / "target"  # 8000 pieces
+    out = tmp_path / "out.de"
+    args = ["generate", "--target", str(target), "--draft", str(draft), "--input", str(inputs), "--output", str(out)]
+    assert main(args + ["--gamma", gamma]) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("specjax generate: error: ")]
+    assert len(lines) == 1 and "draft vocabulary (32128 tokens) differs from the target's (8000)" in lines[0], err
+    assert "Traceback" not in err
+    assert not out.exists()
