@@ -429,7 +429,8 @@ class Decoder:
         (measure in memory only).
       costs: {batch size: ``Costs``} to use instead of measuring (tests, or costs measured elsewhere).
     Raises:
-      ValueError: a gamma that is not "auto" or an int >= 0; a draft of None with gamma >= 1; candidates
+      ValueError: a gamma that is not "auto" or an int >= 0; a draft of None with gamma >= 1; a draft
+        ``speculative_sample`` refuses (another vocabulary or pad id; checked here, with every γ); candidates
         outside 0..8 or empty; alpha_prior outside [0, 1].
     """
 
@@ -462,6 +463,20 @@ class Decoder:
         prior = (alpha_prior, alpha_prior) if isinstance(alpha_prior, (int, float)) else tuple(alpha_prior)
         if len(prior) != 2 or not all(0.0 <= float(a) <= 1.0 for a in prior):
             raise ValueError(f"alpha_prior must be in [0, 1] (or a (greedy, sampled) pair), got {alpha_prior!r}.")
+        if draft is not None:  # a draft the loop would refuse (another vocabulary …) is refused now, before any γ
+            # auto measures costs with it or picks the target alone around it
+            from specjax.decoding import speculative_sample
+
+            speculative_sample.check_arguments(
+                target,
+                draft,
+                np.array([[1]], np.int32),
+                gamma=1,
+                max_decode_length=max_decode_length,
+                eos_id=eos_id,
+                verification=verification,
+                draft_confidence_threshold=draft_confidence_threshold,
+            )
         self.target, self.draft, self.gamma = target, draft, gamma
         self.max_decode_length = max_decode_length
         self.settings = dict(eos_id=eos_id, max_input_length=max_input_length, truncate=truncate)
