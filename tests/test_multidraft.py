@@ -170,7 +170,7 @@ def test_multi_draft_matches_target_sequence_distribution(tiny_pair, num_drafts,
         f"\nk={num_drafts} {verification} {warp} gamma={gamma} batch={batch}: bins={bins} chi2={result.statistic:.1f} "
         f"p={result.pvalue:.3f} alpha={alpha:.3f} by branch={np.round(by_branch, 3)}"
     )
-    assert by_branch.shape == (num_drafts,) and by_branch[1] > 0.02
+    assert by_branch.shape == (num_drafts,) and by_branch[1] > 0.005  # thousands of later-branch iterations
     assert result.pvalue > SIGNIFICANCE
 
 
