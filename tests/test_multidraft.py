@@ -218,27 +218,26 @@ def test_multi_draft_mixed_rows_each_match_their_own_distribution(tiny_pair):
 # 3. Greedy identity, company, counters
 
 
-@pytest.mark.parametrize("num_drafts,verification", [(2, "token"), (3, "block"), (4, "token")])
-def test_greedy_multi_draft_equals_greedy_baseline(num_drafts, verification):
-    """200 inputs of mixed lengths, batches of 50, a perturbed draft, gamma 1 and 4: token for token the target's
-    greedy output; later branches are kept, and more tokens per call than one draft."""
+@pytest.mark.parametrize("num_drafts,verification,gamma", [(2, "token", 4), (3, "block", 1), (4, "token", 2)])
+def test_greedy_multi_draft_equals_greedy_baseline(num_drafts, verification, gamma):
+    """100 inputs of mixed lengths, batches of 50, a perturbed draft: token for token the target's greedy output;
+    later branches are kept, and the target is called less often than with one draft."""
     config = _t5_config(vocab=32, d=32)
     target = T5Model.random(config, seed=3)
     draft = _perturbed(target, 0.1, 5)
-    inputs = _inputs(np.random.default_rng(7), 200, 12, 32)
-    for gamma in (1, 4):
-        later, calls, single_calls = 0, 0, 0
-        for start in range(0, 200, 50):
-            batch = inputs[start : start + 50]
-            base = temperature_sample(target, batch, rng=0, max_decode_length=16, temperature=0)
-            kwargs = dict(rng=0, gamma=gamma, max_decode_length=16, temperature=0, verification=verification)
-            r = speculative_sample(target, draft, batch, num_drafts=num_drafts, **kwargs)
-            np.testing.assert_array_equal(r.sequences, base.sequences, err_msg=f"gamma={gamma}")
-            np.testing.assert_array_equal(r.lengths, base.lengths)
-            later += int(np.asarray(r.accepted_per_branch)[:, 1:].sum())
-            calls += int(np.asarray(r.num_target_calls).sum())
-            single_calls += int(np.asarray(speculative_sample(target, draft, batch, **kwargs).num_target_calls).sum())
-        assert later > 0 and calls < single_calls, (later, calls, single_calls)
+    inputs = _inputs(np.random.default_rng(7), 100, 12, 32)
+    later, calls, single_calls = 0, 0, 0
+    for start in range(0, 100, 50):
+        batch = inputs[start : start + 50]
+        base = temperature_sample(target, batch, rng=0, max_decode_length=16, temperature=0)
+        kwargs = dict(rng=0, gamma=gamma, max_decode_length=16, temperature=0, verification=verification)
+        r = speculative_sample(target, draft, batch, num_drafts=num_drafts, **kwargs)
+        np.testing.assert_array_equal(r.sequences, base.sequences)
+        np.testing.assert_array_equal(r.lengths, base.lengths)
+        later += int(np.asarray(r.accepted_per_branch)[:, 1:].sum())
+        calls += int(np.asarray(r.num_target_calls).sum())
+        single_calls += int(np.asarray(speculative_sample(target, draft, batch, **kwargs).num_target_calls).sum())
+    assert later > 0 and calls < single_calls, (later, calls, single_calls)
 
 
 def test_a_row_alone_equals_the_row_in_a_batch_and_counters_add_up(tiny_pair):
@@ -336,3 +335,45 @@ def test_bad_multi_draft_settings_raise_before_compiling(tiny_pair, monkeypatch)
     small = T5Model.random(_t5_config(vocab=3), seed=0)
     with pytest.raises(ValueError, match="more than the vocabulary"):
         speculative_sample(small, small, np.array([[2, 1]], np.int32), num_drafts=4, **kwargs)
+
+
+@pytest.mark.slow
+def test_greedy_identity_on_newstest_with_the_shipped_pair_in_float32(data_dir):
+    """16 newstest2014 lines, batch 16, the shipped mini pair in float32: k = 2 (token) and k = 4 (block) equal
+    the target's greedy output token for token, and later branches are kept."""
+    from specjax import bench, load_default_pair
+
+    target, draft, tokenizer = load_default_pair(size="mini", dtype="float32")
+    lines = (data_dir / "wmt" / "newstest2014.en").read_text(encoding="utf-8").splitlines()[:16]
+    (x,) = bench.pad_batches([tokenizer.encode(line)[:63] for line in lines], batch_size=16)
+    base = temperature_sample(target, x, rng=0, max_decode_length=48, temperature=0.0)
+    for k, verification in ((2, "token"), (4, "block")):
+        r = speculative_sample(
+            target,
+            draft,
+            x,
+            rng=0,
+            gamma=4,
+            max_decode_length=48,
+            temperature=0.0,
+            num_drafts=k,
+            verification=verification,
+        )
+        np.testing.assert_array_equal(r.sequences, base.sequences, err_msg=f"k={k}")
+        assert np.asarray(r.accepted_per_branch)[:, 1:].sum() > 0
+
+
+def test_decoder_passes_num_drafts_and_refuses_auto_with_several(tiny_pair):
+    from specjax import Decoder
+
+    target, draft = tiny_pair
+    x = _inputs(np.random.default_rng(3), 4, 5, 6)
+    decoder = Decoder(target, draft, gamma=2, max_decode_length=6, num_drafts=2, cost_cache=False)
+    r = decoder(x, rng=0, temperature=0.0)
+    base = temperature_sample(target, x, rng=0, max_decode_length=6, temperature=0)
+    np.testing.assert_array_equal(r.sequences, base.sequences)
+    assert np.asarray(r.accepted_per_branch).shape == (4, 2)
+    with pytest.raises(ValueError, match="gamma='auto' models one draft"):
+        Decoder(target, draft, gamma="auto", max_decode_length=6, num_drafts=2)
+    with pytest.raises(ValueError, match=r"num_drafts must be an int in \[1, 4\]"):
+        Decoder(target, draft, gamma=2, max_decode_length=6, num_drafts=5)
