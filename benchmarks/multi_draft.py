@@ -5,6 +5,12 @@ Usage (from the repository root, data in ../shared/data):
   python benchmarks/multi_draft.py --num-lines 200 --cpu-name "2-core AMD EPYC Zen 4, AVX-512 + AVX512_BF16, shared" \
       --out benchmarks/results/multi_draft/2026-12-07_amd-epyc-zen4-avx512bf16.md
 
+Greedy identity (float32 pair, where a window and a one-token step round alike):
+  python benchmarks/multi_draft.py --greedy-identity 1000 --cpu-name "..." \
+      --out benchmarks/results/multi_draft/2026-12-07_greedy_identity.md
+decodes the first 1000 lines with the target alone at temperature 0 and with k = 2 and 4 (γ 3, token rule) and
+counts the rows equal token for token.
+
 Cited by docs/architecture.md (the multi-draft step) and CHANGELOG.md. For each (γ, temperature, k) the first
 ``--num-lines`` lines of newstest2014.en (truncated to 96 tokens) are decoded in batches of ``--batch-size``
 (sorted by length, so a batch's rows have similar lengths) with ``speculative_sample(..., num_drafts=k)``; the
@@ -60,7 +66,10 @@ def main():
     p.add_argument("--max-decode-length", type=int, default=128)
     p.add_argument("--cpu-name", required=True, help="the machine, in words (model, vector features, shared?)")
     p.add_argument("--out", required=True, help="markdown file to write")
+    p.add_argument("--greedy-identity", type=int, default=0, help="only check greedy identity on this many lines")
     a = p.parse_args()
+    if a.greedy_identity:
+        return greedy_identity(a)
 
     target, draft, tok = specjax.load_default_pair(size="small")
     lines = pathlib.Path("../shared/data/wmt/newstest2014.en").read_text(encoding="utf-8").splitlines()[: a.num_lines]
@@ -110,6 +119,45 @@ def main():
     out = pathlib.Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(text), encoding="utf-8")
+    print("wrote", out)
+
+
+def greedy_identity(a):
+    """Rows of k = 2 and 4 (γ 3) equal to the target alone at temperature 0, float32 small pair."""
+    target, draft, tok = specjax.load_default_pair(size="small", dtype="float32")
+    path = pathlib.Path("../shared/data/wmt/newstest2014.en")
+    lines = path.read_text(encoding="utf-8").splitlines()[: a.greedy_identity]
+    batches = bench.pad_batches(sorted((tok.encode(s)[:96] for s in lines), key=len), batch_size=16)
+    rows = len(lines)
+    equal = {2: 0, 4: 0}
+    for x in batches:
+        n = min(len(x), rows)
+        rows -= n
+        base = np.asarray(
+            specjax.temperature_sample(
+                target, x, rng=0, max_decode_length=a.max_decode_length, temperature=0.0
+            ).sequences
+        )
+        for k in equal:
+            out = specjax.speculative_sample(
+                target, draft, x, rng=0, gamma=3, max_decode_length=a.max_decode_length, temperature=0.0, num_drafts=k
+            )
+            equal[k] += int(np.all(np.asarray(out.sequences)[:n] == base[:n], axis=1).sum())
+        print(equal, flush=True)
+    text = [
+        "# Multi-draft greedy identity, small pair in float32, newstest2014",
+        "",
+        f"Machine: {a.cpu_name}. The first {a.greedy_identity} lines of newstest2014.en (cut at 96 tokens), batch 16 "
+        f"sorted by length, max_decode_length {a.max_decode_length}, γ 3, token rule, temperature 0.",
+        "Command: `python benchmarks/multi_draft.py " + " ".join(_argv()) + "`",
+        "",
+        "| num_drafts | rows equal to the target alone, token for token |",
+        "|---|---|",
+    ]
+    text += [f"| {k} | {v} / {a.greedy_identity} |" for k, v in equal.items()]
+    out = pathlib.Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(text) + "\n", encoding="utf-8")
     print("wrote", out)
 
 
