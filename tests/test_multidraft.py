@@ -266,6 +266,24 @@ def test_draft_equal_to_target_at_temperature_zero_keeps_the_first_branch(tiny_p
     np.testing.assert_array_equal(r.num_target_calls, -(-r.lengths // 4))
 
 
+def test_multi_draft_is_one_xla_while_loop_without_callbacks(tiny_pair):
+    """The whole k = 3 decode compiles to one top-level while loop, no host callback, no infeed/outfeed."""
+    import re
+
+    from test_decoding import _callback_targets, _decode_loops, _entry_computation
+
+    from specjax.decoding import lower_speculative_sample
+
+    target, draft = tiny_pair
+    x = _inputs(np.random.default_rng(3), 4, 5, 6)
+    lowered = lower_speculative_sample(target, draft, x, rng=0, gamma=2, max_decode_length=6, top_k=3, num_drafts=3)
+    compiled = lowered.compile().as_text()
+    entry = _entry_computation(compiled)
+    assert len(_decode_loops(entry)) == 1, entry
+    assert not _callback_targets(compiled)
+    assert not re.search(r"stablehlo\.(infeed|outfeed|send|recv)\b", lowered.as_text())
+
+
 # ----------------------------------------------------------------------------------------------------------
 # 4. The model's branch windows
 
