@@ -668,13 +668,15 @@ class Decoder(nn.Module):
         """A branch window (``decode_branches``): x [b, m, d] -> (float32 logits [b, m, v], ``BranchWindow``)."""
         cache_len = cache.k[0].shape[2]
         cache_col, win_col, table_len = _branch_columns(positions_b, x_bmd.shape[1], width, cache_len)
-        shared = None if self.config.per_layer_relpos_bias else self.relpos_bias
+
+        def biases(relpos):  # ([b, n, m, L] over the cache, [1, n, m, m] over the window)
+            return _causal_bias(relpos, cache_col, table_len), _causal_bias(relpos, win_col, table_len)
+
+        shared = None if self.config.per_layer_relpos_bias else biases(self.relpos_bias)
         cross_bias = jnp.where(encoded.mask[:, None, None, :], 0.0, NEG_INF)  # [b, 1, 1, s]
         new_k, new_v = [], []
         for i, layer in enumerate(self.layers):
-            relpos = shared if shared is not None else layer.relpos_bias
-            cache_bias = _causal_bias(relpos, cache_col, table_len)  # [b, n, m, L]
-            win_bias = _causal_bias(relpos, win_col, table_len)  # [1, n, m, m]
+            cache_bias, win_bias = shared if shared is not None else biases(layer.relpos_bias)
             x_bmd, (lk, lv) = _layer_branches(
                 layer,
                 x_bmd,
