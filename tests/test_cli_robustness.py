@@ -352,3 +352,11 @@ def test_a_draft_with_another_vocabulary_leaves_no_output_file(tmp_path, inputs,
     assert len(lines) == 1 and "draft vocabulary (32128 tokens) differs from the target's (8000)" in lines[0], err
     assert "Traceback" not in err
     assert not out.exists()
+
+
+def test_main_called_from_python_gives_ctrl_c_back(tmp_path):
+    """The command's own Ctrl-C handler (exit at once) is for the `specjax` process; a test or a notebook calling
+    main() keeps its own handler afterwards."""
+    before = signal.getsignal(signal.SIGINT)
+    assert main(["convert", str(tmp_path / "missing"), str(tmp_path / "out"), "--to", "hf"]) == 2
+    assert signal.getsignal(signal.SIGINT) is before

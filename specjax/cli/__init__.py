@@ -222,8 +222,12 @@ def main(argv=None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    import signal
+
+    from specjax import _command
     from specjax.cli import _common
 
+    previous = signal.getsignal(signal.SIGINT)
     _common.install_interrupt_handler(command)
     try:
         _common.quiet_libtpu()
@@ -244,6 +248,9 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:  # raised by a handler of a subcommand's own (train's second Ctrl-C)
         print(f"specjax {command}: interrupted; finished work was kept.", file=sys.stderr)
         return _common.INTERRUPT_EXIT
+    finally:
+        if not _command.running_as_command():  # main() called from Python (a test, a notebook): theirs again
+            signal.signal(signal.SIGINT, previous)
 
 
 if __name__ == "__main__":
