@@ -35,7 +35,9 @@ def add_decoding_args(p: argparse.ArgumentParser, *, task: str, seed_help: str =
         f">= 1 (with --mesh / --data-parallel the default is {D.fixed_gamma})",
     )
     p.add_argument("--verbose", action="store_true", help="print each call's gamma choice and its reason (stderr)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); 1 = sample from the target")
+    p.add_argument(
+        "--temperature", type=float, default=D.temperature, help="0 = greedy (default); 1 = sample from the target"
+    )
     p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (default 0: all)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass to keep, in (0, 1] (default 1: all)")
     p.add_argument(
