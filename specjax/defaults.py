@@ -194,8 +194,8 @@ def load_default_pair(
         upcast once at load), "float32" or "bfloat16" (the files are bfloat16).
         On CPU the target alone is fastest in float32, speculative sampling with the small pair in
         bfloat16 (its verification windows run on YNNPACK's bfloat16 kernels: ``decoding/xla_cpu.py``);
-        greedy speculative output equals the target's bit for bit in float32, and up to bfloat16 rounding
-        (a window and a step round differently: a near-tie may go the other way) in bfloat16.
+        greedy speculative output equals the target alone's token for token on every dtype path (a window and a
+        step give the same logits bit for bit: ``decoding/baseline.py``, ``STEP_WINDOW``).
       size: "mini" (target 13.5M parameters, drafts 1.45M) or "small" (target 46.0M, distilled draft 4.28M,
         reference draft 4.94M); None: ``default_size()``.
       draft_dtype: the draft's dtype; None: ``dtype`` (with "auto": the pair's auto draft dtype). A float32

@@ -21,6 +21,7 @@ import numpy as np
 __all__ = [
     "DecodeConfig",
     "VERIFICATIONS",
+    "MAX_DRAFTS",
     "is_tracer",
     "check_int",
     "prepare_tokens",
@@ -31,6 +32,9 @@ __all__ = [
     "pad_batch",
     "batches",
 ]
+
+MAX_DRAFTS = 4
+"""The most draft continuations ``speculative_sample(..., num_drafts=k)`` verifies per target call."""
 
 VERIFICATIONS = ("token", "block")
 """Verifiers the speculative loop knows: token (Leviathan et al. 2023, Alg. 1), block (Sun et al. 2025)."""
@@ -62,6 +66,8 @@ class DecodeConfig:
         clipped to it (no iteration could use more drafts; a huge window would only cost time).
       eos_id: the token that ends a row (kept in the output). T5's SentencePiece EOS is 1.
       verification: "token" (Leviathan et al. 2023, Algorithm 1) or "block" (Sun et al. 2025).
+      num_drafts: draft continuations verified per target call (1 to ``MAX_DRAFTS`` = 4; 1 is single-draft
+        speculative sampling; ``specjax.decoding.branches``).
     Raises:
       ValueError: a field out of range, with the way out in the message.
     """
@@ -70,6 +76,7 @@ class DecodeConfig:
     gamma: int = 0
     eos_id: int = 1
     verification: str = "token"
+    num_drafts: int = 1
 
     def __post_init__(self):
         check_int("max_decode_length", self.max_decode_length, 1, "it is the most output tokens per row.")
@@ -84,6 +91,16 @@ class DecodeConfig:
             object.__setattr__(self, "gamma", int(self.max_decode_length))
         if self.verification not in VERIFICATIONS:
             raise ValueError(f"verification must be one of {VERIFICATIONS}, got {self.verification!r}.")
+        if (
+            isinstance(self.num_drafts, (bool, np.bool_))
+            or not isinstance(self.num_drafts, (int, np.integer))
+            or not 1 <= self.num_drafts <= MAX_DRAFTS
+        ):
+            raise ValueError(
+                f"num_drafts must be an int in [1, {MAX_DRAFTS}], got {self.num_drafts!r}; it is the number of draft "
+                "continuations the target checks per call (1: single-draft speculative sampling; try 2)."
+            )
+        object.__setattr__(self, "num_drafts", int(self.num_drafts))
         object.__setattr__(self, "max_decode_length", int(self.max_decode_length))
         object.__setattr__(self, "gamma", int(self.gamma))
         object.__setattr__(self, "eos_id", int(self.eos_id))

@@ -23,9 +23,10 @@ import jax
 import jax.numpy as jnp
 
 from specjax.decoding.baseline import temperature_sample
+from specjax.decoding.branches import BranchDraft, branch_verify
 from specjax.decoding.drafts import DraftSource, ModelDraft, decoder_input_at
 from specjax.decoding.inputs import DecodeConfig, prepare_tokens, raw_keys, row_keys, split_rows
-from specjax.decoding.model import DecodingModel, as_decoding_model
+from specjax.decoding.model import BranchDecodingModel, DecodingModel, as_decoding_model
 from specjax.decoding.result import Counters, DecodeResult
 from specjax.decoding.verifiers import get_verifier
 from specjax.decoding.verify import Proposal, Verdict
@@ -105,6 +106,50 @@ def commit(state: SpecState, proposal: Proposal, verdict: Verdict, config: Decod
     return state._replace(positions=positions, sequences=sequences, done=done, counters=counters)
 
 
+def branch_iteration(
+    target: DecodingModel,
+    draft: BranchDraft,
+    config: DecodeConfig,
+    target_params,
+    draft_params,
+    encoded,
+    draft_context,
+    sampling: SamplingParams,
+    state: SpecState,
+) -> SpecState:
+    """One multi-draft iteration (``num_drafts`` = k > 1; ``specjax.decoding.branches``, steps 1-6), every row:
+    the draft proposes k continuations, the target scores the k windows in one call, recursive rejection
+    sampling picks the branch, the token / block rule runs along it, and the kept branch is committed."""
+    g, k = config.gamma, config.num_drafts
+    step_keys = split_rows(state.keys, g + 2)  # [g + 2, b, 2]
+    with jax.named_scope("draft"):
+        proposal, branch_carry = draft.propose(
+            draft_params, draft_context, state.draft_carry, state.sequences, state.positions, step_keys[2:], sampling, g
+        )
+    with jax.named_scope("verify"):
+        window = draft.window(state.sequences, state.positions, proposal, target.pad_id)  # [b, k, w]
+        target_logits, target_window = target.decode_branches(
+            target_params, encoded, window, state.target_cache, state.positions
+        )
+    with jax.named_scope("accept"):
+        branch, verdict = branch_verify(step_keys[1], proposal, target_logits, sampling, config.verification)
+    with jax.named_scope("commit"):
+        b = branch.shape[0]
+        chain = Proposal(
+            jnp.take_along_axis(proposal.tokens, branch[:, None, None], axis=1)[:, 0],
+            None,
+            jnp.full((b,), g, jnp.int32),
+        )
+        active = ~state.done
+        target_cache = target.commit_branch(state.target_cache, target_window, branch, state.positions, g + 1)
+        draft_carry = draft.keep(branch_carry, branch)
+        kept = active & (verdict.num_accepted > 0)
+        new = commit(state, chain, verdict, config)
+        per_branch = state.counters.accepted_per_branch + (kept[:, None] & (jnp.arange(k)[None, :] == branch[:, None]))
+        counters = new.counters._replace(accepted_per_branch=per_branch.astype(jnp.int32))
+    return new._replace(target_cache=target_cache, draft_carry=draft_carry, keys=step_keys[0], counters=counters)
+
+
 def _speculative_loop(
     target: DecodingModel,
     draft: DraftSource,
@@ -118,6 +163,8 @@ def _speculative_loop(
     b = encoder_input_tokens.shape[0]
     T, g = config.max_decode_length, config.gamma
     verifier = get_verifier(config.verification)
+    if config.num_drafts > 1:
+        draft = BranchDraft(draft.model, config.num_drafts)
     with jax.named_scope("encode"):
         keys = row_keys(raw_key, b)
         encoded = target.encode(target_params, encoder_input_tokens)
@@ -129,7 +176,7 @@ def _speculative_loop(
         jnp.full((b, T), target.pad_id, jnp.int32),
         jnp.zeros((b,), bool),
         keys,
-        Counters.zeros(b, g),
+        Counters.zeros(b, g, config.num_drafts),
     )
 
     def body(state: SpecState) -> SpecState:  # Leviathan et al. 2023, Algorithm 1, every row at once
@@ -153,6 +200,13 @@ def _speculative_loop(
             state = commit(state, proposal, verdict, config)
         return state._replace(target_cache=target_cache, draft_carry=draft_carry, keys=step_keys[0])
 
+    if config.num_drafts > 1:  # multi-draft: its own iteration; num_drafts=1 runs `body` above, unchanged
+
+        def body(state: SpecState) -> SpecState:
+            return branch_iteration(
+                target, draft, config, target_params, draft_params, encoded, draft_context, sampling, state
+            )
+
     final = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, init)
     return DecodeResult.from_loop(final.sequences, final.positions, final.counters)
 
@@ -162,7 +216,7 @@ def _speculative_loop(
 _speculative_jit = TunedJit(
     _speculative_loop,
     (0, 1, 2),
-    lambda *a: a[5].shape[0] * (a[2].gamma + 1),
+    lambda *a: a[5].shape[0] * (a[2].gamma + 1) * a[2].num_drafts,
     lambda *a: a[3],
     lambda *a: a[5].shape[0],
 )
@@ -174,6 +228,30 @@ def as_draft_source(draft) -> tuple[DraftSource, Any]:
         return draft, None
     fns, params = as_decoding_model(draft, "draft")
     return ModelDraft(fns), params
+
+
+def _check_branching(target_fns, source, config: DecodeConfig) -> None:
+    """What ``num_drafts`` > 1 needs: a draft model without a confidence stop, both models able to branch
+    (``BranchDecodingModel``), and more vocabulary than drafts. Raises ValueError naming the way out."""
+    k = config.num_drafts
+    if not isinstance(source, ModelDraft) or source.confidence_threshold is not None:
+        what = type(source).__name__ if not isinstance(source, ModelDraft) else "a confidence-stopped draft"
+        raise ValueError(
+            f"num_drafts={k} needs a draft model drafting gamma tokens, got {what}; pass a draft T5Model without "
+            "draft_confidence_threshold, or num_drafts=1."
+        )
+    for what, fns in (("target", target_fns), ("draft", source.model)):
+        if not isinstance(fns, BranchDecodingModel):
+            raise ValueError(
+                f"num_drafts={k} needs a {what} that scores several branches per call (a BranchDecodingModel: "
+                f"decode_branches, commit_branch, fork_rows, take_rows), got {type(fns).__name__}; use a specjax "
+                "T5Model or num_drafts=1."
+            )
+    if k > target_fns.vocab_size:
+        raise ValueError(
+            f"num_drafts={k} is more than the vocabulary ({target_fns.vocab_size} tokens): the drafts' first tokens "
+            f"must differ; use num_drafts <= {target_fns.vocab_size}."
+        )
 
 
 def _speculative_args(
@@ -191,6 +269,7 @@ def _speculative_args(
     truncate,
     verification,
     draft_confidence_threshold=None,
+    num_drafts=1,
 ):
     target_fns, target_params = as_decoding_model(target, "target")
     source, draft_params = as_draft_source(draft)
@@ -219,7 +298,9 @@ def _speculative_args(
             f"gamma must be an int >= 1 (or 0, the target alone, in speculative_sample), got {gamma!r}; it is the "
             "number of draft tokens per target call (try 3 to 7)."
         )
-    config = DecodeConfig(max_decode_length, gamma, eos_id, verification)
+    config = DecodeConfig(max_decode_length, gamma, eos_id, verification, num_drafts)
+    if config.num_drafts > 1:
+        _check_branching(target_fns, source, config)
     if config.eos_id >= target_fns.vocab_size:
         raise ValueError(
             f"eos_id={eos_id!r} is outside the vocabulary [0, {target_fns.vocab_size}); T5's SentencePiece EOS is 1."
@@ -253,6 +334,7 @@ def speculative_sample(
     truncate: bool = False,
     verification: str = "token",
     draft_confidence_threshold: float | None = None,
+    num_drafts: int = 1,
 ) -> DecodeResult:
     """Speculative sampling: a draft proposes ``gamma`` tokens, the target checks them in one call.
 
@@ -293,6 +375,13 @@ def speculative_sample(
         expectation).
       draft_confidence_threshold: None, or a number in [0, 1]: each row stops drafting after a draft token
         whose probability under the draft is below it (adaptive gamma up to ``gamma``; ``ModelDraft``). Static.
+      num_drafts: ``k`` in 1..4, static: the draft proposes k continuations whose first tokens differ (drawn
+        without replacement; at temperature 0 its top k), the target scores all k windows of gamma + 1 tokens
+        in one call, and recursive rejection sampling (SpecInfer; Jeon et al. 2024) keeps at most one of them,
+        then the ``verification`` rule runs along it: the output distribution is still the target's, and rows
+        at temperature 0 still equal target-greedy (``specjax.decoding.branches``). 1: single-draft decoding.
+        Needs a draft model (not prompt lookup nor a confidence stop); the target window is k (gamma + 1) rows
+        and the draft runs k rows per row after its first step.
     Returns:
       ``DecodeResult`` (a pytree of jax arrays): ``sequences`` int32[b, T], ``lengths``, per-row counters;
       ``.acceptance_rate`` is the paper's α, ``.accepted_fraction`` accepted/drafted,
@@ -301,7 +390,8 @@ def speculative_sample(
       ValueError (before anything compiles): vocabularies or pad ids differ; gamma < 0;
         empty batch, ids outside the vocabulary, input longer than ``max_input_length`` without ``truncate``;
         temperature < 0, top_k < 0, top_p outside (0, 1]; eos_id outside the vocabulary; an unknown
-        verification; a bad rng. Value checks are skipped for traced values.
+        verification; a bad rng; num_drafts outside 1..4 or above the vocabulary size, or > 1 with a draft
+        that is not a model or models that cannot branch. Value checks are skipped for traced values.
     """
     if isinstance(gamma, int) and not isinstance(gamma, bool) and gamma == 0:  # no draft token: the target alone
         return temperature_sample(
@@ -332,6 +422,7 @@ def speculative_sample(
             truncate,
             verification,
             draft_confidence_threshold,
+            num_drafts,
         )
     )
 
