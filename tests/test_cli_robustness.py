@@ -360,3 +360,15 @@ def test_main_called_from_python_gives_ctrl_c_back(tmp_path):
     before = signal.getsignal(signal.SIGINT)
     assert main(["convert", str(tmp_path / "missing"), str(tmp_path / "out"), "--to", "hf"]) == 2
     assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_an_ignored_ctrl_c_stays_ignored():
+    """A background job (SIGINT ignored by the shell that started it) is not made killable by Ctrl-C."""
+    from specjax.cli._common import install_interrupt_handler
+
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        install_interrupt_handler("generate")
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
