@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax.decoding.drafts import decoder_input_at
-from specjax.decoding.inputs import DecodeConfig, prepare_tokens, raw_keys, row_keys, split_rows
+from specjax.decoding.inputs import DecodeConfig, prepare_tokens, raw_keys, row_keys, split_rows, target_cache_length
 from specjax.decoding.model import DecodingModel, as_decoding_model
 from specjax.decoding.result import Counters, DecodeResult
 from specjax.decoding.xla_cpu import TunedJit
@@ -28,9 +28,9 @@ dot of two or more rows and which rounds differently (float32 and bfloat16; ``be
 a speculative verification window always has ``γ + 1 >= 2`` rows. Fed two tokens, every step of the target
 alone takes the window's numeric path, so its logits at a position are the window's bit for bit and greedy
 speculative output equals this loop's token for token, on every dtype path. The filler's keys/values land in
-the slot after the step's own (``T + 1`` slots: in range), which the next step overwrites before any query reads
-it; its logits are dropped. The cost is one more row per dot: at batch 1 the step reads the same weights and
-measured the same speed on the CPUs tried (``docs/performance.md``, "Window invariance")."""
+the slot after the step's own (``target_cache_length(T)`` slots: in range), which the next step overwrites
+before any query reads it; its logits are dropped. The cost is one more row per dot (at batch 1 the step reads
+the same weights; ``docs/performance.md``, "Window invariance", has the measured cost)."""
 
 
 class BaselineState(NamedTuple):
@@ -67,7 +67,7 @@ def _baseline_loop(
         keys = row_keys(raw_key, b)
         encoded = model.encode(params, encoder_input_tokens)
     init = BaselineState(
-        model.init_cache(b, T + 1),
+        model.init_cache(b, target_cache_length(T)),  # the windows' cache length: one attention shape
         jnp.zeros((), jnp.int32),
         jnp.full((b, T), pad_id, jnp.int32),
         jnp.zeros((b,), bool),

@@ -28,6 +28,8 @@ __all__ = [
     "raw_keys",
     "row_keys",
     "split_rows",
+    "CACHE_GAMMA",
+    "target_cache_length",
     "bucket_length",
     "pad_batch",
     "batches",
@@ -35,6 +37,23 @@ __all__ = [
 
 MAX_DRAFTS = 4
 """The most draft continuations ``speculative_sample(..., num_drafts=k)`` verifies per target call."""
+
+CACHE_GAMMA = 8
+"""The γ every target cache has room for (γ auto's largest): see ``target_cache_length``."""
+
+
+def target_cache_length(max_decode_length: int, gamma: int = 0) -> int:
+    """Slots of the target's cache in a decode of ``max_decode_length`` tokens with windows of ``gamma`` + 1
+    (0: the target alone): ``T + max(γ, CACHE_GAMMA) + 1``, one length for the target alone and every γ up to 8.
+
+    The attention's weights-times-values dot contracts over the cache's slots; XLA:CPU picks its float32 kernel
+    by that length too (the small target, T = 16: a cache of 17 slots against 25 rounded differently, though the
+    slots past a row's position hold exact zeros). With one length, a verification window and the target alone's
+    step run the same attention shapes but for their query rows (docs/performance.md, "Window invariance"). The
+    cost is ``CACHE_GAMMA`` more slots (masked) in the target alone's attention.
+    """
+    return int(max_decode_length) + max(int(gamma), CACHE_GAMMA) + 1
+
 
 VERIFICATIONS = ("token", "block")
 """Verifiers the speculative loop knows: token (Leviathan et al. 2023, Alg. 1), block (Sun et al. 2025)."""

@@ -1,7 +1,7 @@
 """Speculative sampling: the while loop whose body reads like Algorithm 1 — draft → verify → accept → commit.
 
 Legend for shapes (STYLE.md): ``b`` batch, ``s`` encoder length, ``T`` max_decode_length, ``g`` gamma,
-``k`` window (g + 1), ``v`` vocab, ``L`` cache length (T + g + 1).
+``k`` window (g + 1), ``v`` vocab, ``L`` the target's cache length (``target_cache_length``: T + max(g, 8) + 1).
 
 Sources: Leviathan, Kalman & Matias 2023, "Fast Inference from Transformers via Speculative Decoding",
 Algorithm 1 and section 3.1 (α); Chen et al. 2023, Algorithm 2; Sun et al. 2025 (block verification).
@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from specjax.decoding.baseline import temperature_sample
 from specjax.decoding.branches import BranchDraft, branch_verify
 from specjax.decoding.drafts import DraftSource, ModelDraft, decoder_input_at
-from specjax.decoding.inputs import DecodeConfig, prepare_tokens, raw_keys, row_keys, split_rows
+from specjax.decoding.inputs import DecodeConfig, prepare_tokens, raw_keys, row_keys, split_rows, target_cache_length
 from specjax.decoding.model import BranchDecodingModel, DecodingModel, as_decoding_model
 from specjax.decoding.result import Counters, DecodeResult
 from specjax.decoding.verifiers import get_verifier
@@ -170,7 +170,7 @@ def _speculative_loop(
         encoded = target.encode(target_params, encoder_input_tokens)
         draft_context, draft_carry = draft.start(draft_params, encoder_input_tokens, T + g + 1)
     init = SpecState(
-        target.init_cache(b, T + g + 1),
+        target.init_cache(b, target_cache_length(T, g)),  # the target alone's length too (window invariance)
         draft_carry,
         jnp.zeros((b,), jnp.int32),
         jnp.full((b, T), target.pad_id, jnp.int32),
