@@ -263,8 +263,9 @@ def measure_costs(target, draft, tokens, max_decode_length: int, max_gamma: int 
     a loop (a bfloat16 model's weights converted for XLA:CPU's float32 dots) is then paid once per loop, not
     per call. Compiled with the XLA:CPU options the loop of that γ uses (``decoding/xla_cpu.py``), on a cache of
     the loop's length (``T + max_gamma + 1``); the least of ``repeats`` runs after a warm-up, per call. The
-    target's one-token step and its windows of ``WINDOWS_MEASURED`` tokens are timed, other windows interpolated
-    linearly in the window size; the draft step once per distinct compile option set; the encodes once. The
+    target alone's step (``STEP_WINDOW`` tokens, as ``temperature_sample`` feeds it) and its windows of
+    ``WINDOWS_MEASURED`` tokens are timed, other windows interpolated linearly in the window size; the draft
+    step once per distinct compile option set; the encodes once. The
     parts are timed in ``repeats`` interleaved rounds (``_least_seconds_interleaved``), so a burst of load on a
     shared machine cannot make one part look slow beside the others. Compile time is not measured. About 5-10
     compiles: 20-60 s for the shipped small pair on a 2-core CPU.
@@ -308,7 +309,10 @@ def measure_costs(target, draft, tokens, max_decode_length: int, max_gamma: int 
         return jax.jit(chain, compiler_options=options), (params, enc, fns.init_cache(b, length))
 
     ks = sorted({k for k in WINDOWS_MEASURED if k <= max_gamma + 1} | {max_gamma + 1} - {1})
-    parts = {("target", 1): decode_part(t_fns, t_params, 1, _options(b, t_params, b))}
+    from specjax.decoding.baseline import STEP_WINDOW
+
+    # The target alone's step is fed STEP_WINDOW tokens (one numeric path with the windows): timed as it runs.
+    parts = {("target", 1): decode_part(t_fns, t_params, STEP_WINDOW, _options(b * STEP_WINDOW, t_params, b))}
     parts.update({("target", k): decode_part(t_fns, t_params, k, _options(b * k, t_params, b)) for k in ks})
     draft_options: dict = {}  # γ -> the key of the compile options its loop uses (the draft step runs under them)
     for g in range(1, max_gamma + 1):
@@ -440,7 +444,8 @@ class Decoder:
         (measure in memory only).
       costs: {batch size: ``Costs``} to use instead of measuring (tests, or costs measured elsewhere).
     Raises:
-      ValueError: a gamma that is not "auto" or an int >= 0; a draft of None with gamma >= 1; candidates
+      ValueError: a gamma that is not "auto" or an int >= 0; a draft of None with gamma >= 1; a draft
+        ``speculative_sample`` refuses (another vocabulary or pad id; checked here, with every γ); candidates
         outside 0..8 or empty; alpha_prior outside [0, 1]; num_drafts outside 1..4, or > 1 with gamma "auto".
     """
 
@@ -483,6 +488,20 @@ class Decoder:
         prior = (alpha_prior, alpha_prior) if isinstance(alpha_prior, (int, float)) else tuple(alpha_prior)
         if len(prior) != 2 or not all(0.0 <= float(a) <= 1.0 for a in prior):
             raise ValueError(f"alpha_prior must be in [0, 1] (or a (greedy, sampled) pair), got {alpha_prior!r}.")
+        if draft is not None:  # a draft the loop would refuse (another vocabulary …) is refused now, before any γ
+            # auto measures costs with it or picks the target alone around it
+            from specjax.decoding import speculative_sample
+
+            speculative_sample.check_arguments(
+                target,
+                draft,
+                np.array([[1]], np.int32),
+                gamma=1,
+                max_decode_length=max_decode_length,
+                eos_id=eos_id,
+                verification=verification,
+                draft_confidence_threshold=draft_confidence_threshold,
+            )
         self.target, self.draft, self.gamma = target, draft, gamma
         self.max_decode_length = max_decode_length
         self.settings = dict(eos_id=eos_id, max_input_length=max_input_length, truncate=truncate)

@@ -20,8 +20,8 @@ import os
 import sys
 import time
 
-from specjax.cli import add_decoding_args, add_size_arg
-from specjax.cli._common import lines_done
+from specjax.cli import add_decoding_args, add_size_arg, resolve_decoding_defaults
+from specjax.cli._common import OutputLines, check_output_path, lines_done
 
 DEFAULT_TOKENIZER = os.path.join("..", "shared", "data", "tokenizer", "t5", "spiece.model")
 
@@ -52,7 +52,7 @@ def add_parser(sub) -> None:
         "without --target/--draft)",
     )
     p.add_argument("--prefix", default="", help='task prefix, e.g. "translate English to German: "')
-    add_decoding_args(p, gamma=5, max_decode_length=128, seed_help="PRNG seed (line i uses fold_in(seed key, i))")
+    add_decoding_args(p, task="text", seed_help="PRNG seed (line i uses fold_in(seed key, i))")
     add_size_arg(p)
     p.add_argument("--batch-size", type=int, default=32, help="rows per decode call (default 32)")
     p.add_argument("--max-input-length", type=int, default=512, help="most input tokens per line (with EOS)")
@@ -177,6 +177,10 @@ def _read_lines(path: str) -> list[str]:
 def _validate(args):
     from specjax.sampling import validate_sampling
 
+    # The shipped pair translates; checkpoints of one's own may do any task (specjax.defaults.DECODE_DEFAULTS).
+    resolve_decoding_defaults(
+        args, "text" if args.target else "translation", fixed=bool(args.data_parallel or args.mesh)
+    )
     validate_sampling(args.temperature, args.top_k, args.top_p)
     auto = args.gamma == "auto" or args.gamma == 0
     if auto and (args.data_parallel or args.mesh):
@@ -200,16 +204,7 @@ def _validate(args):
         )
     if args.input != "-" and os.path.isdir(args.input):
         raise ValueError(f"--input {args.input!r} is a directory; pass a text file with one input per line.")
-    if args.output != "-" and os.path.isdir(args.output):
-        raise ValueError(
-            f"--output {args.output!r} is a directory; pass a file name (e.g. "
-            f"{os.path.join(args.output, 'outputs.txt')!r})."
-        )
-    parent = os.path.dirname(os.path.abspath(args.output)) if args.output != "-" else ""
-    if parent and not os.path.isdir(parent):
-        raise FileNotFoundError(
-            f"--output {args.output!r}: the directory {parent!r} does not exist; create it first (mkdir -p)."
-        )
+    check_output_path(args.output)  # before any model loads: a missing directory, no permission, a read-only disk
     if args.output != "-" and os.path.abspath(args.output) == os.path.abspath(args.input):
         raise ValueError("--output must differ from --input.")
 
@@ -322,7 +317,7 @@ def run(args: argparse.Namespace) -> int:
     def base(x, keys, **kw):
         return runner(temperature_sample, target, x, rng=keys, **common)
 
-    out = sys.stdout if args.output == "-" else open(args.output, "a", encoding="utf-8")
+    out = OutputLines(args.output)  # the file is created with its first line: a failing run leaves none
     bar = tqdm(total=len(lines), initial=done, unit="line", file=sys.stderr, desc="generate")
     try:
         bs = max(1, min(args.batch_size, len(encoded)))  # a short file is not padded to --batch-size rows
@@ -357,13 +352,11 @@ def run(args: argparse.Namespace) -> int:
                 kept = [t for t in ids if t < tokenizer.vocab_size]
                 stats["dropped_ids"] += len(ids) - len(kept)
                 texts.append(tokenizer.decode(kept).replace("\n", " ").replace("\r", " "))
-            out.write("".join(t + "\n" for t in texts))
-            out.flush()
+            out.write(texts)
             bar.update(len(rows))
     finally:
         bar.close()
-        if out is not sys.stdout:
-            out.close()
+        out.close()
 
     n_lines = len(encoded)
     alpha = stats["beta_sum"] / stats["verified"] if stats["verified"] else float("nan")

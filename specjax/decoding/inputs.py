@@ -27,6 +27,7 @@ __all__ = [
     "prepare_tokens",
     "raw_keys",
     "row_keys",
+    "split_rows",
     "bucket_length",
     "pad_batch",
     "batches",
@@ -128,7 +129,20 @@ def prepare_tokens(
     )
     traced = is_tracer(encoder_input_tokens)
     if not traced and not isinstance(encoder_input_tokens, jax.Array):
-        encoder_input_tokens = np.asarray(encoder_input_tokens)
+        try:
+            encoder_input_tokens = np.asarray(encoder_input_tokens)
+        except ValueError:  # rows of different lengths
+            raise ValueError(
+                "encoder_input_tokens rows have different lengths; pad them into one int[batch, length] array "
+                "(tokenizer.encode_batch(texts) does, padding with 0)."
+            ) from None
+        if encoder_input_tokens.dtype.kind in "USO" and any(
+            isinstance(v, (str, bytes)) for v in encoder_input_tokens.reshape(-1)[:8]
+        ):
+            raise ValueError(
+                "encoder_input_tokens look like text (strings), not token ids: tokenize first with "
+                "tokenizer.encode_batch(texts) (int32[batch, length], padded with 0)."
+            )
     shape, dtype = np.shape(encoder_input_tokens), encoder_input_tokens.dtype
     if len(shape) == 1:
         raise ValueError(
@@ -221,6 +235,11 @@ def raw_keys(rng, batch: int):
             "fold_in(key, row)) or exactly one key per row."
         )
     return rng
+
+
+def split_rows(keys: jax.Array, num: int) -> jax.Array:
+    """keys uint32[b, 2] -> uint32[num, b, 2] (vmapped split, so each row only uses its own key)."""
+    return jnp.swapaxes(jax.vmap(lambda k: jax.random.split(k, num))(keys), 0, 1)
 
 
 def row_keys(raw: jax.Array, batch: int) -> jax.Array:

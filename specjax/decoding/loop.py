@@ -22,9 +22,10 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from specjax.decoding.baseline import temperature_sample
 from specjax.decoding.branches import BranchDraft, branch_verify
 from specjax.decoding.drafts import DraftSource, ModelDraft, decoder_input_at
-from specjax.decoding.inputs import DecodeConfig, prepare_tokens, raw_keys, row_keys
+from specjax.decoding.inputs import DecodeConfig, prepare_tokens, raw_keys, row_keys, split_rows
 from specjax.decoding.model import BranchDecodingModel, DecodingModel, as_decoding_model
 from specjax.decoding.result import Counters, DecodeResult
 from specjax.decoding.verifiers import get_verifier
@@ -55,11 +56,6 @@ class SpecState(NamedTuple):
     done: jax.Array
     keys: jax.Array
     counters: Counters
-
-
-def split_rows(keys: jax.Array, num: int) -> jax.Array:
-    """keys uint32[b, 2] -> uint32[num, b, 2] (vmapped split, so each row only uses its own key)."""
-    return jnp.swapaxes(jax.vmap(lambda k: jax.random.split(k, num))(keys), 0, 1)
 
 
 def verify_window(target: DecodingModel, params, encoded, state: SpecState, proposal: Proposal):
@@ -299,7 +295,8 @@ def _speculative_args(
         )
     if isinstance(gamma, (int,)) and not isinstance(gamma, bool) and gamma < 1:
         raise ValueError(
-            f"gamma must be an int >= 1, got {gamma!r}; it is the number of draft tokens per target call (try 3 to 7)."
+            f"gamma must be an int >= 1 (or 0, the target alone, in speculative_sample), got {gamma!r}; it is the "
+            "number of draft tokens per target call (try 3 to 7)."
         )
     config = DecodeConfig(max_decode_length, gamma, eos_id, verification, num_drafts)
     if config.num_drafts > 1:
@@ -365,7 +362,9 @@ def speculative_sample(
       rng: a PRNG key (row ``i`` uses ``fold_in(rng, i)``), an int seed, per-row keys [b], or None
         (``PRNGKey(0)``: deterministic; pass your own key for independent samples).
       gamma: draft tokens per iteration, >= 1 (clipped to ``max_decode_length``; the loop clips each
-        iteration at the room left).
+        iteration at the room left); 0: the target alone (``temperature_sample``'s program and result: one
+        token per target call, no drafts, ``accepted_per_position`` [b, 0], α NaN; the draft is not run or
+        checked, and ``verification`` / ``draft_confidence_threshold`` do not apply).
       max_decode_length: ``T``, the most output tokens per row.
       temperature: float >= 0 or float[b] per row (0: greedy). top_k: int >= 0 or int[b] (0: all).
       top_p: float in (0, 1] or float[b] (1: all).
@@ -388,12 +387,25 @@ def speculative_sample(
       ``.acceptance_rate`` is the paper's α, ``.accepted_fraction`` accepted/drafted,
       ``.tokens_per_target_call``.
     Raises:
-      ValueError (before anything compiles): vocabularies or pad ids differ; gamma < 1;
+      ValueError (before anything compiles): vocabularies or pad ids differ; gamma < 0;
         empty batch, ids outside the vocabulary, input longer than ``max_input_length`` without ``truncate``;
         temperature < 0, top_k < 0, top_p outside (0, 1]; eos_id outside the vocabulary; an unknown
         verification; a bad rng; num_drafts outside 1..4 or above the vocabulary size, or > 1 with a draft
         that is not a model or models that cannot branch. Value checks are skipped for traced values.
     """
+    if isinstance(gamma, int) and not isinstance(gamma, bool) and gamma == 0:  # no draft token: the target alone
+        return temperature_sample(
+            target,
+            encoder_input_tokens,
+            rng=rng,
+            max_decode_length=max_decode_length,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            eos_id=eos_id,
+            max_input_length=max_input_length,
+            truncate=truncate,
+        )
     return _speculative_jit(
         *_speculative_args(
             target,

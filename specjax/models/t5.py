@@ -232,6 +232,34 @@ def _bf16_dense_matmul_bwd(residuals, g):
 _bf16_dense_matmul.defvjp(_bf16_dense_matmul_fwd, _bf16_dense_matmul_bwd)
 
 
+def fixed_order_sum(x):
+    """The sum of ``x`` [..., m] over its last axis in one fixed order: a halving tree of elementwise adds.
+
+    The last axis is zero-padded to the next power of two ``w``, then ``x[..., :w/2] + x[..., w/2:]`` is taken
+    until one column is left. Elementwise adds are never reassociated by XLA, so every row's sum is the same
+    bits whatever the other dimensions are: the number of rows in a call (a one-token step or a window of γ + 1),
+    the batch, and the width ``m`` itself as long as entries past a row's real ones are zeros (masked attention
+    weights are exactly 0). XLA's own reductions pick a vectorisation from the whole shape (XLA:CPU: across the
+    rows when there are enough of them, along the reduced axis otherwise), which rounds a row's sum differently
+    in a window than in a step. Returns [...], in ``x``'s dtype.
+    """
+    m = x.shape[-1]
+    w = 1 << max(m - 1, 0).bit_length()
+    if w != m:
+        x = jnp.pad(x, ((0, 0),) * (x.ndim - 1) + ((0, w - m),))
+    while w > 1:
+        w //= 2
+        x = x[..., :w] + x[..., w:]
+    return x[..., 0]
+
+
+def fixed_order_softmax(scores):
+    """``softmax(scores)`` over the last axis with its denominator summed by ``fixed_order_sum``: each row's
+    weights are the same bits in a window and in a one-token step (the max is exact in any order)."""
+    shifted = jnp.exp(scores - jax.lax.stop_gradient(jnp.max(scores, axis=-1, keepdims=True)))
+    return shifted / fixed_order_sum(shifted)[..., None]
+
+
 def _param(module: nn.Module, name: str, init, shape, axes, dtype):
     return module.param(name, nn.with_logical_partitioning(init, axes), shape, dtype)
 
@@ -246,7 +274,8 @@ class RMSNorm(nn.Module):
         cfg = self.config
         scale = _param(self, "scale", nn.initializers.ones, (x.shape[-1],), ("embed",), cfg.weight_dtype)
         x32 = x.astype(jnp.float32)
-        y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + cfg.layer_norm_epsilon)
+        mean_square = fixed_order_sum(jnp.square(x32))[..., None] / x32.shape[-1]  # the same bits in any window
+        y = x32 * jax.lax.rsqrt(mean_square + cfg.layer_norm_epsilon)
         return (y * scale.astype(jnp.float32)).astype(cfg.compute_dtype)
 
 
@@ -369,7 +398,7 @@ class Projections(nn.Module):
         scores = jnp.einsum(
             "bnth,bnhs->bnts" if keys_hs else "bnth,bnsh->bnts", q_bnth, k_bnsh, preferred_element_type=jnp.float32
         )
-        weights = _dropout(self, jax.nn.softmax(scores + bias_bnts, axis=-1), self.dropout_rate, (-2,))
+        weights = _dropout(self, fixed_order_softmax(scores + bias_bnts), self.dropout_rate, (-2,))
         weights = weights.astype(cfg.compute_dtype)
         # Values wider than the compute dtype (a float32 cache of a bfloat16 model) give the same products; the
         # output is rounded once to the compute dtype, as the compute-dtype dot rounds its float32 sums.
@@ -1640,8 +1669,11 @@ class T5Model:
         if cached is not None:
             return cached
         params = self._decode_params()
-        stacked = stack_layers(self.config, params)
-        if not any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(params)):
+        if _any_tracer(params):  # a T5Model argument of a user's jit: stacked inside that trace, never kept
+            return stack_layers(self.config, params)
+        with jax.ensure_compile_time_eval():  # concrete even when called under a user's trace (a closed-over model)
+            stacked = stack_layers(self.config, params)
+        if not _any_tracer(stacked):
             object.__setattr__(self, "_decode_stacked_params_cache", stacked)  # frozen dataclass: a cache
         return stacked
 
@@ -1676,11 +1708,20 @@ class T5Model:
         if isinstance(table, jax.ShapeDtypeStruct):  # abstract parameters (ahead of time): the copy's shape
             copy = jax.ShapeDtypeStruct(table.shape, jnp.float32, sharding=table.sharding)
         else:
-            copy = jnp.asarray(table, jnp.float32)
+            # A concrete array even when this runs under a user's trace (a model closed over in their jax.jit):
+            # a copy made inside the trace would be a tracer, kept here and leaked into the next call.
+            with jax.ensure_compile_time_eval():
+                copy = jnp.asarray(table, jnp.float32)
         embedder = dict(params["token_embedder"], embedding=copy)
         decode_params = dict(params, token_embedder=embedder)
-        object.__setattr__(self, "_decode_params_cache", decode_params)  # frozen dataclass: a cache, not a field
+        if not _any_tracer(decode_params):  # cache only concrete (or abstract) arrays (STYLE.md item 23)
+            object.__setattr__(self, "_decode_params_cache", decode_params)  # frozen dataclass: a cache, not a field
         return decode_params
+
+
+def _any_tracer(tree) -> bool:
+    """Whether any leaf of ``tree`` is a tracer (a value inside a ``jax.jit`` / ``vmap`` / ``shard_map`` trace)."""
+    return any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(tree))
 
 
 def _stacked_copy_fits(params, memory_stats=lambda device: device.memory_stats()) -> bool:
