@@ -40,7 +40,7 @@ tokens/s of finished calls (programs that did not compile) at this batch size an
 has measured faster. Every ``EXPLORE_EVERY`` calls at a batch size the least measured k > 1 runs once (and once
 more right after, when that first run compiled, so it is timed). The γ cost model stays single-draft: calls with
 k > 1 teach α and their own tokens/s, not the time factor. On a 2-core AMD EPYC (Zen 4) k = 2 and 4 raised tokens
-per target call 1.13-1.28× but lowered tokens/s (``benchmarks/results/multi_draft/``): one draft stays the choice.
+per target call 1.11-1.29× but lowered tokens/s (``benchmarks/results/multi_draft/``): one draft stays the choice.
 
 α starts from a prior — the shipped pair's recorded α (``specjax.defaults.PAIR_ALPHA``), else 0.6 — and is
 updated after every finished call from its ``DecodeResult`` (the paper's α: Σ β / Σ verified positions), with
