@@ -34,6 +34,14 @@ does not drive the choice to the program not yet timed. Every ``EXPLORE_EVERY`` 
 that long, so a factor learned in a busy moment is renewed. A program's first call compiles: its wall time is
 never used, so compile time is never charged to a choice (it still teaches α).
 
+``num_drafts="auto"`` chooses the number of draft continuations per target call (multi-draft verification,
+``speculative_sample(..., num_drafts=k)``) among ``NUM_DRAFTS_CANDIDATES`` for the γ chosen above, from measured
+tokens/s of finished calls (programs that did not compile) at this batch size and γ: one draft unless a k > 1
+has measured faster. Every ``EXPLORE_EVERY`` calls at a batch size the least measured k > 1 runs once (and once
+more right after, when that first run compiled, so it is timed). The γ cost model stays single-draft: calls with
+k > 1 teach α and their own tokens/s, not the time factor. On a 2-core AMD EPYC (Zen 4) k = 2 and 4 raised tokens
+per target call 1.11-1.29× but lowered tokens/s (``benchmarks/results/multi_draft/``): one draft stays the choice.
+
 α starts from a prior — the shipped pair's recorded α (``specjax.defaults.PAIR_ALPHA``), else 0.6 — and is
 updated after every finished call from its ``DecodeResult`` (the paper's α: Σ β / Σ verified positions), with
 greedy rows (temperature 0) and sampled rows kept apart: a call's α is their mix by row count.
@@ -54,6 +62,7 @@ from specjax import hardware
 
 __all__ = [
     "CANDIDATES",
+    "NUM_DRAFTS_CANDIDATES",
     "DEFAULT_ALPHA",
     "EXPLORE_EVERY",
     "EXPLORE_WITHIN",
@@ -68,6 +77,8 @@ __all__ = [
 
 CANDIDATES = tuple(range(9))
 """The γ values ``gamma="auto"`` chooses from: 0 (the target alone) and 1..8 draft tokens per iteration."""
+NUM_DRAFTS_CANDIDATES = (1, 2, 4)
+"""The draft continuations per target call ``num_drafts="auto"`` chooses from (1: single-draft decoding)."""
 DEFAULT_ALPHA = 0.6
 """The α prior for a pair with no recorded α."""
 _PRIOR_WEIGHT = 40.0  # verified positions the prior counts for
@@ -422,10 +433,10 @@ class Decoder:
       gamma: "auto", or an int >= 0 (0: the target alone, ``temperature_sample``).
       max_decode_length: ``T``, the most output tokens per row.
       eos_id, max_input_length, truncate, verification, draft_confidence_threshold: as ``speculative_sample``.
-      num_drafts: as ``speculative_sample`` (1..4, draft continuations per target call), for every speculative
-        call. "auto" chooses γ for one draft only: with ``num_drafts`` > 1 pass a fixed ``gamma``. On the 2-core
-        AMD EPYC (Zen 4) k = 2 raised tokens per target call 1.13-1.2× but lowered tokens/s
-        (``benchmarks/results/multi_draft/``), so one draft is the CPU's choice.
+      num_drafts: as ``speculative_sample`` (1..4, draft continuations per target call) for every speculative
+        call, or "auto": chosen per call among ``NUM_DRAFTS_CANDIDATES`` from measured tokens/s (module
+        docstring; one draft until a k > 1 measures faster). A fixed k > 1 needs a fixed ``gamma`` (γ auto's cost
+        model is single-draft). ``last_num_drafts`` says what the last call ran.
       candidates: the γ values "auto" picks from (default 0..8).
       alpha_prior: the α to start from: a float or (greedy, sampled); None: the shipped pair's recorded α
         (``recorded_alpha``), else ``DEFAULT_ALPHA``.
@@ -450,7 +461,7 @@ class Decoder:
         truncate: bool = False,
         verification: str = "token",
         draft_confidence_threshold: float | None = None,
-        num_drafts: int = 1,
+        num_drafts: int | str = 1,
         candidates: Sequence[int] = CANDIDATES,
         alpha_prior: float | tuple[float, float] | None = None,
         cost_cache: hardware.CostCache | None | bool = None,
@@ -458,9 +469,11 @@ class Decoder:
     ):
         if not (gamma == "auto" or (isinstance(gamma, int) and not isinstance(gamma, bool) and gamma >= 0)):
             raise ValueError(f"gamma must be 'auto' or an int >= 0 (0: the target alone), got {gamma!r}.")
-        if isinstance(num_drafts, bool) or not isinstance(num_drafts, int) or not 1 <= num_drafts <= 4:
-            raise ValueError(f"num_drafts must be an int in [1, 4] (1: one draft), got {num_drafts!r}.")
-        if num_drafts > 1 and gamma == "auto":
+        if num_drafts != "auto" and (
+            isinstance(num_drafts, bool) or not isinstance(num_drafts, int) or not 1 <= num_drafts <= 4
+        ):
+            raise ValueError(f"num_drafts must be 'auto' or an int in [1, 4] (1: one draft), got {num_drafts!r}.")
+        if num_drafts != "auto" and num_drafts > 1 and gamma == "auto":
             raise ValueError(
                 f"gamma='auto' models one draft per target call; with num_drafts={num_drafts} pass a fixed gamma "
                 "(e.g. gamma=3), or num_drafts=1."
@@ -494,8 +507,12 @@ class Decoder:
         self.max_decode_length = max_decode_length
         self.settings = dict(eos_id=eos_id, max_input_length=max_input_length, truncate=truncate)
         self.spec_settings = dict(verification=verification, draft_confidence_threshold=draft_confidence_threshold)
-        if num_drafts > 1:  # only then: the single-draft programs keep their keys (and cached costs)
-            self.spec_settings["num_drafts"] = num_drafts
+        self.num_drafts = num_drafts
+        # num_drafts > 1 needs a draft model drafting γ tokens: "auto" stays at 1 for anything else
+        self._can_branch = draft is not None and not hasattr(draft, "propose") and draft_confidence_threshold is None
+        self._k_rates: dict = {}  # (b, γ, k) -> tokens/s of the last calls of k drafts that did not compile
+        self._k_pending: dict = {}  # b -> a k > 1 whose explored call compiled: run once more to time it
+        self.last_num_drafts = 1
         self.candidates = candidates
         self.alpha_prior = (float(prior[0]), float(prior[1]))
         self._alpha = {"greedy": _Running(prior[0], _PRIOR_WEIGHT), "sampled": _Running(prior[1], _PRIOR_WEIGHT)}
@@ -648,6 +665,9 @@ class Decoder:
         else:
             choice = self.choose(tokens, temperature)
         g = choice.gamma
+        k, why = self._choose_num_drafts(tokens.shape[0], g)
+        if why:
+            choice = dataclasses.replace(choice, reason=f"{choice.reason}; {why}")
         sampling = dict(rng=rng, temperature=temperature, top_k=top_k, top_p=top_p)
         t0 = time.perf_counter()
         if g == 0:
@@ -664,14 +684,40 @@ class Decoder:
                 **sampling,
                 **self.settings,
                 **self.spec_settings,
+                **(dict(num_drafts=k) if k > 1 else {}),
             )
         jax.block_until_ready(result)  # a DecodeResult is a pytree: wait for every field before the clock stops
         seconds = time.perf_counter() - t0
-        self.last_choice = choice
+        self.last_choice, self.last_num_drafts = choice, k
         if self.gamma == "auto":
             self._note_run(tokens.shape[0], choice, forced=gamma is not None)
-        self._learn(tokens, temperature, g, jax.device_get(result), seconds)
+        self._learn(tokens, temperature, g, jax.device_get(result), seconds, k)
         return result
+
+    def _choose_num_drafts(self, batch: int, gamma: int) -> tuple[int, str]:
+        """(k, why) for a call of γ ``gamma`` at ``batch`` rows: the fixed ``num_drafts``; with "auto" the k of the
+        best median measured tokens/s at (batch, γ) (1 until a k > 1 is measured faster), or a k > 1 explored
+        (``EXPLORE_EVERY``), or one whose explored call compiled and is now timed."""
+        if self.num_drafts != "auto":
+            return int(self.num_drafts), ""
+        if gamma == 0 or not self._can_branch:
+            return 1, ""
+        pending = self._k_pending.pop(batch, None)
+        if pending is not None:
+            return pending, f"num_drafts {pending} timed (its first call compiled)"
+        rates = {
+            k: float(np.median(self._k_rates[(batch, gamma, k)]))
+            for k in NUM_DRAFTS_CANDIDATES
+            if self._k_rates.get((batch, gamma, k))
+        }
+        best = max(rates, key=rates.get) if 1 in rates else 1
+        calls = self._calls.get(batch, 0) if self.gamma == "auto" else len(self.history)
+        if calls and calls % EXPLORE_EVERY == 0:
+            others = [k for k in NUM_DRAFTS_CANDIDATES if k != best]
+            explore = min(others, key=lambda k: (len(self._k_rates.get((batch, gamma, k), [])), k))
+            return explore, f"num_drafts {explore} explored (best measured: {best})"
+        measured = " ".join(f"{k}:{v:.0f}" for k, v in sorted(rates.items()))
+        return best, f"num_drafts {best}" + (f" (measured tok/s by k {measured})" if measured else "")
 
     def _note_run(self, batch: int, choice: Choice, forced: bool) -> None:
         """Books an auto decoder's call at ``batch`` rows: the γ to keep (not a forced or an explored one), the
@@ -681,9 +727,10 @@ class Decoder:
         self._kind_ran[(batch, _kind(choice.gamma))] = self._calls.get(batch, 0)
         self._calls[batch] = self._calls.get(batch, 0) + 1
 
-    def _learn(self, tokens: np.ndarray, temperature, gamma: int, result, seconds: float) -> None:
+    def _learn(self, tokens: np.ndarray, temperature, gamma: int, result, seconds: float, num_drafts: int = 1) -> None:
         """Updates α (per greedy / sampled rows), the recent row lengths and, for a program that had already
-        compiled, the time factor of ``gamma``'s kind."""
+        compiled, the time factor of ``gamma``'s kind (single-draft calls) and the measured tokens/s of
+        ``num_drafts`` at this batch size and γ (``num_drafts="auto"``)."""
         b = tokens.shape[0]
         temps = np.broadcast_to(np.asarray(temperature, np.float64), (b,))
         beta, verified = np.asarray(result.beta_sum, np.float64), np.asarray(result.num_verified, np.float64)
@@ -697,10 +744,24 @@ class Decoder:
         del recent_lengths[:-_RECENT]
         call_alpha = float(beta.sum() / verified.sum()) if verified.sum() > 0 else float("nan")
         self.history.append((gamma, seconds, int(np.sum(result.lengths)), call_alpha))
-        program = (gamma, tokens.shape, tuple(sorted(self.settings.items())), tuple(self.spec_settings.items()))
+        program = (
+            gamma,
+            tokens.shape,
+            tuple(sorted(self.settings.items())),
+            tuple(self.spec_settings.items()),
+            num_drafts,
+        )
         self.last_compiled, self.last_seconds = program not in self._compiled, seconds
         if self.last_compiled:  # the first call compiled: its time teaches nothing
             self._compiled.add(program)
+            if self.num_drafts == "auto" and num_drafts > 1:
+                self._k_pending[b] = num_drafts
+            return
+        if self.num_drafts == "auto" and gamma > 0:
+            rates = self._k_rates.setdefault((b, gamma, num_drafts), [])
+            rates.append(float(np.sum(result.lengths)) / max(seconds, 1e-12))
+            del rates[:-_RECENT]
+        if num_drafts > 1:  # the cost model is single-draft: its time factor learns from single-draft calls only
             return
         costs = self.costs.get(b)
         if costs is None or gamma > costs.max_gamma:

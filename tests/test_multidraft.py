@@ -393,5 +393,32 @@ def test_decoder_passes_num_drafts_and_refuses_auto_with_several(tiny_pair):
     assert np.asarray(r.accepted_per_branch).shape == (4, 2)
     with pytest.raises(ValueError, match="gamma='auto' models one draft"):
         Decoder(target, draft, gamma="auto", max_decode_length=6, num_drafts=2)
-    with pytest.raises(ValueError, match=r"num_drafts must be an int in \[1, 4\]"):
+    with pytest.raises(ValueError, match=r"num_drafts must be 'auto' or an int in \[1, 4\]"):
         Decoder(target, draft, gamma=2, max_decode_length=6, num_drafts=5)
+
+
+def test_decoder_num_drafts_auto_runs_one_draft_until_more_measure_faster(tiny_pair, monkeypatch):
+    """num_drafts="auto": k = 1 first; at an exploration call a k > 1 runs, and once more right after when that
+    call compiled (then it is timed); the k with the best measured tokens/s is kept. Every call at temperature 0
+    equals the target's greedy output."""
+    from specjax import Decoder, decoder
+
+    monkeypatch.setattr(decoder, "EXPLORE_EVERY", 2)
+    target, draft = tiny_pair
+    x = _inputs(np.random.default_rng(3), 4, 5, 6)
+    base = temperature_sample(target, x, rng=0, max_decode_length=6, temperature=0)
+    auto = Decoder(target, draft, gamma=2, max_decode_length=6, num_drafts="auto", cost_cache=False)
+    ran = []
+    for _ in range(4):
+        r = auto(x, rng=0, temperature=0.0)
+        np.testing.assert_array_equal(r.sequences, base.sequences)
+        ran.append(auto.last_num_drafts)
+    assert ran == [1, 1, 2, 2], ran  # call 2 explores k = 2 (compiles), call 3 times it
+    assert set(auto._k_rates) == {(4, 2, 1), (4, 2, 2)}
+    monkeypatch.setattr(decoder, "EXPLORE_EVERY", 1000)  # no more exploring
+    auto._k_rates[(4, 2, 1)], auto._k_rates[(4, 2, 2)] = [1.0], [1e9]  # as if k = 2 measured faster
+    auto(x, rng=0, temperature=0.0)
+    assert auto.last_num_drafts == 2 and "num_drafts 2" in auto.last_choice.reason
+    auto._k_rates[(4, 2, 2)] = [0.5]
+    auto(x, rng=0, temperature=0.0)
+    assert auto.last_num_drafts == 1

@@ -42,7 +42,9 @@ from there, exact by Leviathan et al. 2023 (token) or Sun et al. 2025, Theorem 1
 rule by exact enumeration and the whole decode by chi-square against the target's exact sequence distribution.
 
 At temperature 0 (one-hot ``p^(j)`` at each candidate, one-hot ``q``) step 4 keeps the first branch whose
-candidate is the target's argmax, if any, and step 5 is greedy acceptance: the output is target-greedy.
+candidate is the target's argmax, if any, and step 5 is greedy acceptance: the output is target-greedy (as far
+as the branch window's logits equal the target's step's: in float32 token for token in the tests; on the
+bfloat16 path a near-tie may go the other way, ``specjax.models.t5.decode_branches``).
 """
 
 from __future__ import annotations

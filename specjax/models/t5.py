@@ -1433,8 +1433,10 @@ def decode_branches(config: T5Config, params: Params, encoded: Encoded, tokens, 
     never copied: a cache slot at or past the position is stale and masked) and to its own earlier tokens
     and itself (a tree mask over the ``m = k · w`` query rows), with T5's relative position bias of the
     true distances; all branches share the row's one cross-attention memory (``encoded``: no copy per branch).
-    A branch gives the logits a chain window ``decode`` of its ``w`` tokens would (up to float rounding: the
-    softmax runs over the cache and the window apart from each other's order).
+    A branch gives the logits a chain window ``decode`` of its ``w`` tokens would up to float rounding, not bit
+    for bit: its attention sums the cache's slots and its own keys in another order (one softmax over [L + k · w]
+    entries, two value products added), so on the bfloat16 path a near-tie may go the other way (float32: equal to
+    1e-6, and greedy multi-draft output equals the target alone's in the tests).
     Keep one branch's keys/values with ``commit_branch``.
 
     Args:
