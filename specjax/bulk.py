@@ -381,7 +381,7 @@ class BulkDecoder:
                     need = _bucket(max(longest, 1), self.max_input_length)
                     if self._programs is None:  # the first inputs: choose the kind (γ auto) and build the programs
                         gamma_now = self._first_gamma(take, need, greedy)
-                        self._programs = SlotPrograms(
+                        self._programs = SlotPrograms.shared(
                             self.target_fns,
                             self.source if self.max_gamma > 0 else None,
                             batch=b,

@@ -110,6 +110,13 @@ def _batch_axes(make, *args):
     return jax.tree.map(axis, one, two)
 
 
+@jax.jit
+def _widen(old: Slots, new: Slots) -> Slots:
+    """``old`` written at offset 0 into every leaf of ``new`` whose shape differs (a wider encoder memory)."""
+    grow = lambda o, n: jax.lax.dynamic_update_slice(n, o, (0,) * n.ndim) if o.shape != n.shape else o
+    return jax.tree.map(grow, old, new)
+
+
 class SlotPrograms:
     """The compiled slot programs of one bulk run: fixed models, slot count ``b``, ``T``, ``G`` and cache length.
 
@@ -138,6 +145,19 @@ class SlotPrograms:
         self._run = {}
         self._insert = {}
         self._empty = {}
+
+    _shared: dict = {}
+
+    @classmethod
+    def shared(cls, target, draft, **settings) -> "SlotPrograms":
+        """The ``SlotPrograms`` for these models and settings, made once per process (the last 8 kept), so every
+        bulk run of the same shape reuses its compiled programs."""
+        key = (target, draft, tuple(sorted(settings.items())))
+        if key not in cls._shared:
+            while len(cls._shared) >= 8:
+                cls._shared.pop(next(iter(cls._shared)))
+            cls._shared[key] = cls(target, draft, **settings)
+        return cls._shared[key]
 
     # --- building blocks (traced) ----------------------------------------------------------------------------
     def _fresh(self, rows: int, target_params, draft_params, tokens, keys, sampling) -> Slots:
@@ -193,8 +213,7 @@ class SlotPrograms:
         length axis is written into an empty slot state of the new width at offset 0 (the new positions are
         masked pad positions, as an input encoded at that width has)."""
         wider = self.empty(target_params, draft_params, width)
-        grow = lambda o, n: jax.lax.dynamic_update_slice(n, o, (0,) * n.ndim) if o.shape != n.shape else o
-        return jax.jit(lambda old, new: jax.tree.map(grow, old, new))(slots, wider)
+        return _widen(slots, wider)
 
     def insert(self, target_params, draft_params, slots: Slots, tokens, slot_ids, keys, sampling) -> Slots:
         """Writes ``m`` new inputs into the given slots (compiled once per ``m`` and width; ``slots`` donated).
