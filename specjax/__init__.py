@@ -5,6 +5,7 @@ transformers, matplotlib) are imported only by the functions that need them.
 """
 
 from specjax import parallel
+from specjax.bulk import BulkDecoder, LineResult, generate_iterable
 from specjax.checkpoints import CheckpointError, load_checkpoint, save_checkpoint
 from specjax.config import PRESETS, T5Config
 from specjax.decoder import Decoder
@@ -26,6 +27,9 @@ __all__ = [
     "DecodeConfig",
     "DecodeResult",
     "Decoder",
+    "BulkDecoder",
+    "LineResult",
+    "generate_iterable",
     "PromptLookupDraft",
     "speculative_sample",
     "temperature_sample",
