@@ -1,7 +1,7 @@
 """Bulk decoding against today's static batches and CTranslate2's own bulk API, each engine in its own process.
 
     python benchmarks/bulk_bench.py --lines 500 --batch 32 \\
-        --out benchmarks/results/bulk/2026-12-07_amd-epyc-zen4-2core.md
+        --out benchmarks/results/bulk/2026-12-07_amd-epyc-zen4-2core.md   # writes that markdown file
 
 Engines (one process each; the driver starts ``python benchmarks/bulk_bench.py --engine NAME ...`` per engine and
 reads the JSON line it prints):
@@ -167,14 +167,11 @@ def run_ct2(args) -> dict:
 
 def _drive(args) -> None:
     engines = []
-    for name, extra in [
-        ("bulk", []),
-        ("static", ["--static-gamma", "0"]),
-        ("static", ["--static-gamma", "5"]),
-        ("ct2", []),
-    ]:
-        if name not in args.engines:
-            continue
+    for spec in args.engines:  # NAME or NAME:GAMMA
+        name, _, gamma = spec.partition(":")
+        extra = {"bulk": ["--gamma", gamma or str(args.gamma)], "static": ["--static-gamma", gamma or "0"]}.get(
+            name, []
+        )
         cmd = [
             sys.executable,
             os.path.abspath(__file__),
@@ -184,8 +181,6 @@ def _drive(args) -> None:
             str(args.lines),
             "--batch",
             str(args.batch),
-            "--gamma",
-            str(args.gamma),
             "--size",
             args.size,
             "--dtype",
@@ -262,7 +257,12 @@ def _report(args, engines) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--engine", choices=["bulk", "static", "ct2"], help="run one engine here and print JSON")
-    p.add_argument("--engines", nargs="+", default=["bulk", "static", "ct2"])
+    p.add_argument(
+        "--engines",
+        nargs="+",
+        default=["bulk:auto", "bulk:0", "static:0", "static:5", "ct2"],
+        help="engines to run, each in its own process: bulk[:GAMMA], static[:GAMMA], ct2",
+    )
     p.add_argument("--lines", type=int, default=500)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--gamma", default="auto")

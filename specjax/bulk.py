@@ -22,9 +22,10 @@ iterable of token rows and yields one ``LineResult`` per input, in input order. 
   its slot, so a line's output does not depend on the batch size, the read-ahead window or its neighbours: at
   temperature 0 it is the target's greedy decode of the line alone, and sampled with a fixed γ it is the
   output ``speculative_sample`` gives the line alone with key ``fold_in(key, i)`` (``tests/test_bulk.py``).
-- **γ auto** (``specjax.decoder``'s cost model, measured at the slot count): the kind (the target alone or
-  speculative) is chosen once, before the first run, from measured costs and the α prior; speculative runs then
-  re-choose γ in 1..8 from the running α every ``RECHOOSE_EVERY`` runs. In a slot batch rows are refilled, so
+- **γ auto** (``specjax.decoder``'s cost model, measured at the slot count): γ in 0..8 is chosen before the first
+  run from measured costs and the α prior; speculative runs re-choose it from the running α every
+  ``RECHOOSE_EVERY`` runs. Once the target alone (0) is chosen the run stays with it: without drafting, the
+  draft's caches fall behind the rows. In a slot batch rows are refilled, so
   the rate of a γ is ``E(α, γ) / iteration(γ)`` tokens per second per slot (Leviathan et al. 2023, eq. 1),
   plus the per-line encode; no slowest-row term. With γ auto the sampled draws depend on the γ chosen (the
   distribution never does); pass an int γ for reproducible sampled output.
@@ -44,7 +45,7 @@ import numpy as np
 __all__ = ["BulkDecoder", "BulkStats", "LineResult", "generate_iterable", "RECHOOSE_EVERY"]
 
 RECHOOSE_EVERY = 8
-"""γ auto re-chooses γ (among 1..8, by the running α) every this many runs of the slot loop."""
+"""γ auto re-chooses γ (among 0..8, by the running α) every this many runs of the slot loop."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -458,7 +459,7 @@ class BulkDecoder:
                     if gamma_now > 0 and stats.runs % RECHOOSE_EVERY == 0:
                         probe = np.full((b, slot_width), pad, np.int32)
                         probe[:, 0] = self.eos_id
-                        g, why = self._choose(probe, greedy, [g for g in d.candidates if g > 0])
+                        g, why = self._choose(probe, greedy, d.candidates)  # 0 too: the draft may not pay
                         if g != gamma_now:
                             stats.reasons.append(why)
                         gamma_now = self._gamma_now = g

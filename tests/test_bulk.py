@@ -84,7 +84,7 @@ def test_sampled_bulk_output_depends_only_on_the_seed_and_the_line(mini):
         np.testing.assert_array_equal(runs[0][i], e, err_msg=f"line {i}, 2 slots")
         np.testing.assert_array_equal(runs[1][i], e, err_msg=f"line {i}, 4 slots")
     resumed = generate_iterable(
-        target, draft, rows[7:], batch_size=3, gamma=3, max_decode_length=T, temperature=1.0, rng=5, start_index=7
+        target, draft, rows[7:], batch_size=2, gamma=3, max_decode_length=T, temperature=1.0, rng=5, start_index=7
     )
     got = list(resumed)
     assert [r.index for r in got] == list(range(7, 12))
