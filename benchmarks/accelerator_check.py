@@ -16,7 +16,9 @@ What it measures, in this order, each item skipped (with a note) when the time b
      draft rows) with the measured c: (1 − α^(γ+1)) / ((1 − α)(γc + 1)) (Theorem 3.8), and with the
      measured window cost in place of 1 in the denominator;
   6. the shipped pair's measured speedup (``specjax.load_default_pair()``, batch 1, temperature 0,
-     γ = 3 and 5, speculative_sample against temperature_sample alternating on the same Multi30k lines).
+     γ = 3 and 5, speculative_sample against temperature_sample alternating on the same Multi30k lines);
+  7. window invariance: the shipped target's logits from verification windows against the target alone's
+     steps, batch 1 and 4, γ 5 and 7 (``specjax.bench.invariance.window_step_mismatch``).
 
 Decode costs are timed as the decode loop runs them: N ``decode`` calls inside one jitted ``lax.fori_loop``,
 compiled first (compile time recorded apart), best of repeats, waiting with ``block_until_ready``.
@@ -434,6 +436,26 @@ def measure_shipped_pair(args, budget: Budget, result: dict) -> None:
         _log(f"shipped pair γ={gamma}: speedup {m.speedup:.2f}x, α {m.acceptance_rate}, greedy identical {identical}")
 
 
+def measure_window_invariance(args, result: dict) -> None:
+    """The shipped target's logits from verification windows against the target alone's steps on this device
+    (``specjax.bench.invariance.window_step_mismatch``), batch 1 and 4, γ 5 and 7: on TPU / GPU the dot kernels
+    are the compiler's to pick by shape, so this measures whether a window and a step round alike there."""
+    from specjax import load_default_pair
+    from specjax.bench.invariance import window_step_mismatch
+
+    target, _, tokenizer = load_default_pair(dtype=args.pair_dtype)
+    lines = ["A man is riding a bicycle down the street.", "Two dogs play in the snow.", "The children sit.", "Hi."]
+    rows = []
+    for batch in (1, 4):
+        x = np.asarray(tokenizer.encode_batch(lines[:batch]))
+        x = np.pad(x, ((0, 0), (0, 32 - x.shape[1])))
+        for gamma in (5, 7):
+            got = window_step_mismatch(target, x, gamma, max_decode_length=24, seed=gamma)
+            rows.append({"batch": batch, "gamma": gamma, **got})
+            _log(f"window invariance batch {batch} γ={gamma}: {got['differ']} of {got['total']} logits differ")
+    result["window_invariance"] = rows
+
+
 def _log(msg: str) -> None:
     print(f"[accelerator_check] {msg}", flush=True)
 
@@ -566,6 +588,13 @@ def run(args) -> dict:
         except Exception as e:  # noqa: BLE001 -- keep everything measured so far
             result["notes"].append(f"shipped pair failed: {type(e).__name__}: {e}")
             _log(f"shipped pair failed: {e!r}")
+    # 7. Window invariance of the shipped target (window logits = step logits, bit for bit?).
+    if not args.no_pair:
+        try:
+            measure_window_invariance(args, result)
+        except Exception as e:  # noqa: BLE001 -- keep everything measured so far
+            result["notes"].append(f"window invariance failed: {type(e).__name__}: {e}")
+            _log(f"window invariance failed: {e!r}")
     result["elapsed_s"] = budget.elapsed()
     return result
 
@@ -677,6 +706,20 @@ def format_markdown(r: dict) -> str:
                 f"{row['spec_tokens_per_s']:.0f} | {row['base_tokens_per_s']:.0f} | {row['speedup']:.2f}x | "
                 f"{row['greedy_identical']} |"
             )
+        lines.append("")
+    wi = r.get("window_invariance")
+    if wi:
+        lines += [
+            "## Window invariance (shipped target: verification-window logits against the target alone's steps)",
+            "",
+            "| batch | γ | dtype | logits that differ | argmax that differ | max abs difference |",
+            "|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {w['batch']} | {w['gamma']} | {w['dtype']} | {w['differ']} of {w['total']} | {w['argmax_differ']} | "
+            f"{w['max_abs']:.3g} |"
+            for w in wi
+        ]
         lines.append("")
     if r["skipped"] or r["notes"]:
         lines += ["## Skipped and notes", ""]

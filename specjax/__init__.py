@@ -4,7 +4,11 @@ The public API is re-exported here; modules are private. Heavy optional packages
 transformers, matplotlib) are imported only by the functions that need them.
 """
 
-from specjax import parallel
+# First (its import runs early_setup): as the specjax command, Ctrl-C while importing exits 130 with one line.
+from specjax import (
+    _command,  # noqa: F401
+    parallel,
+)
 from specjax.bulk import BulkDecoder, LineResult, generate_iterable
 from specjax.checkpoints import CheckpointError, load_checkpoint, save_checkpoint
 from specjax.config import PRESETS, T5Config

@@ -252,8 +252,9 @@ def measure_costs(target, draft, tokens, max_decode_length: int, max_gamma: int 
     a loop (a bfloat16 model's weights converted for XLA:CPU's float32 dots) is then paid once per loop, not
     per call. Compiled with the XLA:CPU options the loop of that γ uses (``decoding/xla_cpu.py``), on a cache of
     the loop's length (``T + max_gamma + 1``); the least of ``repeats`` runs after a warm-up, per call. The
-    target's one-token step and its windows of ``WINDOWS_MEASURED`` tokens are timed, other windows interpolated
-    linearly in the window size; the draft step once per distinct compile option set; the encodes once. The
+    target alone's step (``STEP_WINDOW`` tokens, as ``temperature_sample`` feeds it) and its windows of
+    ``WINDOWS_MEASURED`` tokens are timed, other windows interpolated linearly in the window size; the draft
+    step once per distinct compile option set; the encodes once. The
     parts are timed in ``repeats`` interleaved rounds (``_least_seconds_interleaved``), so a burst of load on a
     shared machine cannot make one part look slow beside the others. Compile time is not measured. About 5-10
     compiles: 20-60 s for the shipped small pair on a 2-core CPU.
@@ -297,7 +298,10 @@ def measure_costs(target, draft, tokens, max_decode_length: int, max_gamma: int 
         return jax.jit(chain, compiler_options=options), (params, enc, fns.init_cache(b, length))
 
     ks = sorted({k for k in WINDOWS_MEASURED if k <= max_gamma + 1} | {max_gamma + 1} - {1})
-    parts = {("target", 1): decode_part(t_fns, t_params, 1, _options(b, t_params, b))}
+    from specjax.decoding.baseline import STEP_WINDOW
+
+    # The target alone's step is fed STEP_WINDOW tokens (one numeric path with the windows): timed as it runs.
+    parts = {("target", 1): decode_part(t_fns, t_params, STEP_WINDOW, _options(b * STEP_WINDOW, t_params, b))}
     parts.update({("target", k): decode_part(t_fns, t_params, k, _options(b * k, t_params, b)) for k in ks})
     draft_options: dict = {}  # γ -> the key of the compile options its loop uses (the draft step runs under them)
     for g in range(1, max_gamma + 1):
@@ -418,6 +422,10 @@ class Decoder:
       gamma: "auto", or an int >= 0 (0: the target alone, ``temperature_sample``).
       max_decode_length: ``T``, the most output tokens per row.
       eos_id, max_input_length, truncate, verification, draft_confidence_threshold: as ``speculative_sample``.
+      num_drafts: as ``speculative_sample`` (1..4, draft continuations per target call), for every speculative
+        call. "auto" chooses γ for one draft only: with ``num_drafts`` > 1 pass a fixed ``gamma``. On the 2-core
+        AMD EPYC (Zen 4) k = 2 raised tokens per target call 1.13-1.2× but lowered tokens/s
+        (``benchmarks/results/multi_draft/``), so one draft is the CPU's choice.
       candidates: the γ values "auto" picks from (default 0..8).
       alpha_prior: the α to start from: a float or (greedy, sampled); None: the shipped pair's recorded α
         (``recorded_alpha``), else ``DEFAULT_ALPHA``.
@@ -425,8 +433,9 @@ class Decoder:
         (measure in memory only).
       costs: {batch size: ``Costs``} to use instead of measuring (tests, or costs measured elsewhere).
     Raises:
-      ValueError: a gamma that is not "auto" or an int >= 0; a draft of None with gamma >= 1; candidates
-        outside 0..8 or empty; alpha_prior outside [0, 1].
+      ValueError: a gamma that is not "auto" or an int >= 0; a draft of None with gamma >= 1; a draft
+        ``speculative_sample`` refuses (another vocabulary or pad id; checked here, with every γ); candidates
+        outside 0..8 or empty; alpha_prior outside [0, 1]; num_drafts outside 1..4, or > 1 with gamma "auto".
     """
 
     def __init__(
@@ -441,6 +450,7 @@ class Decoder:
         truncate: bool = False,
         verification: str = "token",
         draft_confidence_threshold: float | None = None,
+        num_drafts: int = 1,
         candidates: Sequence[int] = CANDIDATES,
         alpha_prior: float | tuple[float, float] | None = None,
         cost_cache: hardware.CostCache | None | bool = None,
@@ -448,6 +458,13 @@ class Decoder:
     ):
         if not (gamma == "auto" or (isinstance(gamma, int) and not isinstance(gamma, bool) and gamma >= 0)):
             raise ValueError(f"gamma must be 'auto' or an int >= 0 (0: the target alone), got {gamma!r}.")
+        if isinstance(num_drafts, bool) or not isinstance(num_drafts, int) or not 1 <= num_drafts <= 4:
+            raise ValueError(f"num_drafts must be an int in [1, 4] (1: one draft), got {num_drafts!r}.")
+        if num_drafts > 1 and gamma == "auto":
+            raise ValueError(
+                f"gamma='auto' models one draft per target call; with num_drafts={num_drafts} pass a fixed gamma "
+                "(e.g. gamma=3), or num_drafts=1."
+            )
         if draft is None and gamma not in ("auto", 0):
             raise ValueError(f"gamma={gamma} needs a draft; pass draft= or use gamma=0 (the target alone).")
         candidates = tuple(sorted({int(g) for g in candidates})) if draft is not None else (0,)
@@ -458,10 +475,26 @@ class Decoder:
         prior = (alpha_prior, alpha_prior) if isinstance(alpha_prior, (int, float)) else tuple(alpha_prior)
         if len(prior) != 2 or not all(0.0 <= float(a) <= 1.0 for a in prior):
             raise ValueError(f"alpha_prior must be in [0, 1] (or a (greedy, sampled) pair), got {alpha_prior!r}.")
+        if draft is not None:  # a draft the loop would refuse (another vocabulary …) is refused now, before any γ
+            # auto measures costs with it or picks the target alone around it
+            from specjax.decoding import speculative_sample
+
+            speculative_sample.check_arguments(
+                target,
+                draft,
+                np.array([[1]], np.int32),
+                gamma=1,
+                max_decode_length=max_decode_length,
+                eos_id=eos_id,
+                verification=verification,
+                draft_confidence_threshold=draft_confidence_threshold,
+            )
         self.target, self.draft, self.gamma = target, draft, gamma
         self.max_decode_length = max_decode_length
         self.settings = dict(eos_id=eos_id, max_input_length=max_input_length, truncate=truncate)
         self.spec_settings = dict(verification=verification, draft_confidence_threshold=draft_confidence_threshold)
+        if num_drafts > 1:  # only then: the single-draft programs keep their keys (and cached costs)
+            self.spec_settings["num_drafts"] = num_drafts
         self.candidates = candidates
         self.alpha_prior = (float(prior[0]), float(prior[1]))
         self._alpha = {"greedy": _Running(prior[0], _PRIOR_WEIGHT), "sampled": _Running(prior[1], _PRIOR_WEIGHT)}

@@ -19,9 +19,11 @@ were made: docs/training.md.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from types import MappingProxyType
 
 __all__ = [
     "ASSETS",
@@ -35,6 +37,8 @@ __all__ = [
     "pair_dtypes",
     "load_default_pair",
     "demo_sentences",
+    "DecodeDefaults",
+    "DECODE_DEFAULTS",
 ]
 
 ASSETS = Path(__file__).parent / "assets"
@@ -99,6 +103,40 @@ PAIRS: Mapping[str, Path] = _Pairs()
 """{"mini": ..., "small": ...}: each pair's directory, looked up by ``pair_dir`` on access."""
 
 
+@dataclasses.dataclass(frozen=True)
+class DecodeDefaults:
+    """The decoding defaults every ``specjax`` command shares (``DECODE_DEFAULTS``; listed in docs/cli.md).
+
+    Attributes:
+      gamma: draft tokens per target call: "auto" (``specjax.Decoder`` picks γ, or the target alone, from measured
+        costs and the running α) for ``demo``, ``translate`` and ``generate``. Where one fixed γ must be compiled
+        (``generate --mesh`` / ``--data-parallel``, ``aot``) ``fixed_gamma`` stands in for it.
+      fixed_gamma: the γ used where "auto" cannot run: 5, the best measured fixed γ of the small pair at batch 1
+        on a CPU (4 and 5 tie; benchmarks/results/small_pair/2026-12-06_dtype_loops_*.txt).
+      aot_gamma: ``specjax aot``'s γ: 7, the paper's T5-XXL / T5-small EnDe row (Table 2), which the compiled
+        programs are checked against.
+      max_decode_length: output tokens per line at most, per task: "translation" (``demo``, ``translate``, and
+        ``generate`` with the shipped pair: a Multi30k sentence's German translation is 12-40 pieces of the shipped
+        8000-piece vocabulary; 64 leaves room) and "text" (``generate`` with ``--target`` / ``--draft`` checkpoints,
+        any task: 128, the paper's output length for its T5-XXL rows).
+      temperature: 0, greedy (the target's own greedy output, exactly).
+      seed: 0.
+    """
+
+    gamma: str = "auto"
+    fixed_gamma: int = 5
+    aot_gamma: int = 7
+    max_decode_length: Mapping[str, int] = dataclasses.field(
+        default_factory=lambda: MappingProxyType({"translation": 64, "text": 128})
+    )
+    temperature: float = 0.0
+    seed: int = 0
+
+
+DECODE_DEFAULTS = DecodeDefaults()
+"""The one set of decoding defaults of the command line (``DecodeDefaults``)."""
+
+
 # The draft tokens per target call that ``specjax demo`` uses for each pair: the γ with the best measured speedup
 # at batch 1, temperature 0 on a 2-core CPU (docs/benchmarks.md). The small pair in its demo dtypes: γ 4 and 5
 # tie (2.12-2.16x the float32 target alone), 6 and 7 are 1-2 % behind
@@ -156,8 +194,8 @@ def load_default_pair(
         upcast once at load), "float32" or "bfloat16" (the files are bfloat16).
         On CPU the target alone is fastest in float32, speculative sampling with the small pair in
         bfloat16 (its verification windows run on YNNPACK's bfloat16 kernels: ``decoding/xla_cpu.py``);
-        greedy speculative output equals the target's bit for bit in float32, and up to bfloat16 rounding
-        (a window and a step round differently: a near-tie may go the other way) in bfloat16.
+        greedy speculative output equals the target alone's token for token on every dtype path (a window and a
+        step give the same logits bit for bit: ``decoding/baseline.py``, ``STEP_WINDOW``).
       size: "mini" (target 13.5M parameters, drafts 1.45M) or "small" (target 46.0M, distilled draft 4.28M,
         reference draft 4.94M); None: ``default_size()``.
       draft_dtype: the draft's dtype; None: ``dtype`` (with "auto": the pair's auto draft dtype). A float32

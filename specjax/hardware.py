@@ -184,10 +184,13 @@ def machine_identity() -> dict:
     return ident
 
 
-def cache_dir() -> Path:
-    """``$SPECJAX_CACHE_DIR`` if set, else ``~/.cache/specjax``."""
+def cache_dir() -> Path | None:
+    """``$SPECJAX_CACHE_DIR`` if set, else ``~/.cache/specjax``; None when ``SPECJAX_CACHE_DIR`` is "off" (or
+    empty, or "none"): nothing is kept between runs (``specjax --no-cache``)."""
     env = os.environ.get("SPECJAX_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "specjax"
+    if env is not None and env.strip().lower() in ("", "off", "none"):
+        return None
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "specjax"
 
 
 class CostCache:
@@ -199,11 +202,14 @@ class CostCache:
     are ignored: the costs are then measured again next time.
 
     Args:
-      path: the JSON file; None: ``cache_dir() / "costs.json"``.
+      path: the JSON file; None: ``cache_dir() / "costs.json"`` (kept in memory only, for this object's life, when
+        ``cache_dir()`` is None).
     """
 
     def __init__(self, path: str | os.PathLike | None = None):
-        self.path = Path(path) if path is not None else cache_dir() / "costs.json"
+        root = cache_dir() if path is None else None
+        self.path = Path(path) if path is not None else (root / "costs.json" if root is not None else None)
+        self._memory: dict = {}
 
     @staticmethod
     def key(**parts) -> str:
@@ -212,6 +218,8 @@ class CostCache:
         return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
     def _read(self) -> dict:
+        if self.path is None:
+            return dict(self._memory)
         try:
             data = json.loads(self.path.read_text())
         except (OSError, ValueError):
@@ -227,6 +235,9 @@ class CostCache:
         """Stores ``costs`` (a JSON-able dict) under ``key``, keeping every other entry."""
         data = self._read()
         data[key] = costs
+        if self.path is None:
+            self._memory = data
+            return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_suffix(f".{os.getpid()}.tmp")

@@ -28,6 +28,12 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 import jax  # noqa: E402  (after the cache variables, which jax reads at import)
 import pytest
 
+from specjax.cli._common import quiet_libtpu  # noqa: E402
+
+# No libtpu start-up lines on a host without a TPU (libtpu loads when JAX first looks for backends, after this);
+# set in the controller, inherited by the xdist workers and the subprocesses tests start.
+quiet_libtpu()
+
 jax.config.update("jax_enable_x64", False)
 
 DATA = (Path(__file__).parents[1] / ".." / "shared" / "data").resolve()

@@ -396,6 +396,22 @@ def test_max_decode_length_is_never_exceeded(t5_pair, t5_inputs, gamma, max_len)
         _check_well_formed(r, max_len)
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_gamma_zero_is_the_target_alone(t5_pair, t5_inputs, temperature):
+    """speculative_sample(gamma=0) is temperature_sample: the same tokens (greedy and sampled, same keys) and the
+    same counters (one target call per token, nothing drafted or verified); the draft is never run."""
+    target, draft = t5_pair
+    kw = dict(rng=3, max_decode_length=7, temperature=temperature)
+    r = jax.device_get(speculative_sample(target, draft, t5_inputs, gamma=0, **kw))
+    base = jax.device_get(temperature_sample(target, t5_inputs, **kw))
+    for field in ("sequences", "lengths", "num_target_calls", "num_draft_tokens", "num_accepted", "num_verified"):
+        np.testing.assert_array_equal(getattr(r, field), getattr(base, field), err_msg=field)
+    np.testing.assert_array_equal(r.num_target_calls, r.lengths)
+    assert r.num_draft_tokens.sum() == 0 and r.accepted_per_position.shape == (B, 0)
+    assert np.isnan(r.acceptance_rate) and r.tokens_per_target_call == 1.0
+    assert speculative_sample(target, None, t5_inputs, gamma=0, **kw).sequences.shape == (B, 7)  # no draft needed
+
+
 def test_eos_ends_rows_and_finished_rows_stop_changing(t5_pair, t5_inputs):
     target, draft = t5_pair
     eos_heavy = _scaled(target, 1.0)
@@ -481,7 +497,7 @@ def no_compile(monkeypatch):
 @pytest.mark.parametrize(
     "change,match",
     [
-        (dict(gamma=0), "gamma must be an int >= 1"),
+        (dict(gamma=-1), "gamma must be an int >= 1"),
         (dict(temperature=-1.0), "temperature must be"),
         (dict(top_p=0.0), "top_p must be in"),
         (dict(top_p=1.5), "top_p must be in"),
@@ -493,6 +509,9 @@ def no_compile(monkeypatch):
         (dict(inputs=np.full((2, 9), 3, np.int32), max_input_length=8), "truncate=True"),
         (dict(inputs=np.array([[3, 99, 1]])), "outside the vocabulary"),
         (dict(inputs=np.array([3, 4, 1])), "2-D"),
+        (dict(inputs=["A dog runs.", "Two men talk."]), "look like text .* tokenizer.encode_batch"),
+        (dict(inputs="A dog runs."), "look like text"),
+        (dict(inputs=[[3, 4, 1], [5, 1]]), "different lengths; pad them"),
         (dict(rng=jnp.zeros((3, 2), jnp.uint32)), "per-row keys"),
     ],
 )

@@ -198,39 +198,20 @@ def test_small_pair_greedy_speculative_equals_greedy_target_on_multi30k(data_dir
     _assert_greedy_identity_on_multi30k(target, draft, tokenizer, data_dir, gammas=(2, 5))
 
 
-def test_bfloat16_greedy_speculative_equals_greedy_target_up_to_rounding(data_dir):
-    """A bfloat16 target on CPU runs its verification windows and its one-token steps on different kernels
-    (``decoding/xla_cpu.py``: the windows on YNNPACK's bfloat16 dots, the one-row steps on XLA's float32 dots of
-    weights it converts once per call), which round differently; greedy speculative output then equals greedy
-    target output except where the two round a near-tie differently. Checked on 48 Multi30k test lines at batch
-    1 (the path that differs): every line is identical, or first differs at a position where both tokens are
-    the target's top two and their logits (teacher-forced, bfloat16) lie within 4 bfloat16 ulps of each other.
-    A wrong token from the loop (a cache or position error) lands far outside that margin."""
-    import jax.numpy as jnp
-
-    from specjax.models import t5
-
+def test_bfloat16_greedy_speculative_equals_greedy_target(data_dir):
+    """A bfloat16 target (forced, so a CPU without bfloat16 dots runs this path too) with a float32 draft: greedy
+    speculative output equals greedy target output token for token on 48 Multi30k test lines at batch 1 (the
+    path where a one-row step and a window once took different kernels: ``decoding/baseline.py``,
+    ``STEP_WINDOW``; ``tests/test_window_invariance.py`` checks the logits bit for bit)."""
     target, draft, tokenizer = load_default_pair(size="mini", dtype="bfloat16", draft_dtype="float32")
     lines = (data_dir / "train" / "multi30k" / "test_2016_flickr.en").read_text().splitlines()[:48]
-    differ = 0
+    differ = []
     for j, line in enumerate(lines):
         ids = tokenizer.encode(line)[:64]
         x = np.zeros((1, 64), np.int32)  # one width: one program for every line
         x[0, : len(ids)] = ids
-        base = np.asarray(temperature_sample(target, x, max_decode_length=48, temperature=0.0).sequences)[0]
-        spec = np.asarray(
-            speculative_sample(target, draft, x, gamma=4, max_decode_length=48, temperature=0.0).sequences
-        )[0]
-        if np.array_equal(base, spec):
-            continue
-        differ += 1
-        i = int(np.argmax(base != spec))
-        dec = np.zeros((1, i + 1), np.int32)
-        dec[0, 1:] = base[:i]
-        logits = np.asarray(t5.logits(target.config, target.params, jnp.asarray(x), jnp.asarray(dec))[0, i], np.float32)
-        top2 = set(np.argsort(-logits)[:2].tolist())
-        ulp = 2.0 ** (np.floor(np.log2(np.abs(logits.max()))) - 7)  # bfloat16: 8 significant bits
-        assert {int(base[i]), int(spec[i])} == top2, (j, i, base[i], spec[i], sorted(top2))
-        assert abs(logits[base[i]] - logits[spec[i]]) <= 4 * ulp, (j, i, logits[base[i]], logits[spec[i]], ulp)
-    assert differ <= len(lines) // 4, f"{differ} of {len(lines)} lines differ"
-    print(f"{differ} of {len(lines)} lines differ at a near-tie")
+        base = temperature_sample(target, x, max_decode_length=48, temperature=0.0)
+        spec = speculative_sample(target, draft, x, gamma=4, max_decode_length=48, temperature=0.0)
+        if not (np.array_equal(base.sequences, spec.sequences) and np.array_equal(base.lengths, spec.lengths)):
+            differ.append(j)
+    assert not differ, f"lines {differ} of {len(lines)} differ from the bfloat16 target alone"

@@ -23,9 +23,17 @@ TINY = T5Config(
 )
 
 
-def test_options_only_for_few_rows_on_cpu(monkeypatch):
+def test_few_row_options_are_off_by_default(monkeypatch):
+    """The default is the window-invariant path (XLA's defaults): docs/performance.md, "Window invariance"."""
     monkeypatch.delenv("XLA_FLAGS", raising=False)
     monkeypatch.delenv("SPECJAX_XLA_CPU_OPTIONS", raising=False)
+    assert xla_cpu.cpu_compiler_options(1) is None
+    assert xla_cpu.cpu_compiler_options(8, batch=1) is None
+
+
+def test_options_only_for_few_rows_on_cpu(monkeypatch):
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    monkeypatch.setenv("SPECJAX_XLA_CPU_OPTIONS", xla_cpu.FEW_ROW_DOTS_MODE)
     assert jax.default_backend() == "cpu"
     assert xla_cpu.cpu_compiler_options(1) == dict(xla_cpu.SMALL_DOT_OPTIONS)
     assert xla_cpu.cpu_compiler_options(xla_cpu.SMALL_DOT_ROWS) == dict(xla_cpu.SMALL_DOT_OPTIONS)
@@ -48,7 +56,7 @@ def test_options_only_for_few_rows_on_cpu(monkeypatch):
 
 @pytest.mark.parametrize("flags", ["--xla_cpu_experimental_ynn_fusion_type=dot", "--xla_cpu_use_xnnpack=true"])
 def test_a_users_xla_flags_win(monkeypatch, flags):
-    monkeypatch.delenv("SPECJAX_XLA_CPU_OPTIONS", raising=False)
+    monkeypatch.setenv("SPECJAX_XLA_CPU_OPTIONS", xla_cpu.FEW_ROW_DOTS_MODE)
     monkeypatch.setenv("XLA_FLAGS", flags)
     assert xla_cpu.cpu_compiler_options(1) is None
 
@@ -59,7 +67,7 @@ def test_same_tokens_and_counters_with_and_without_the_options(monkeypatch):
     x[1, 4:] = 0
     out = {}
     monkeypatch.setattr(xla_cpu, "SMALL_DOT_BATCH", 3)  # the options at this batch of 3 rows
-    for setting in ("0", "1"):
+    for setting in ("0", xla_cpu.FEW_ROW_DOTS_MODE):
         monkeypatch.setenv("SPECJAX_XLA_CPU_OPTIONS", setting)
         out[setting] = [
             jax.device_get(
@@ -70,8 +78,9 @@ def test_same_tokens_and_counters_with_and_without_the_options(monkeypatch):
         out[setting].append(
             jax.device_get(specjax.temperature_sample(target, x, rng=5, max_decode_length=9, temperature=0.0))
         )
-    for a, b in zip(out["0"], out["1"]):
+    for a, b in zip(out["0"], out[xla_cpu.FEW_ROW_DOTS_MODE]):
         for leaf_a, leaf_b in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
             np.testing.assert_allclose(leaf_a, leaf_b, rtol=1e-5)
     # Greedy speculative equals greedy target under the options too.
-    np.testing.assert_array_equal(out["1"][0].sequences, out["1"][2].sequences)
+    few = out[xla_cpu.FEW_ROW_DOTS_MODE]
+    np.testing.assert_array_equal(few[0].sequences, few[2].sequences)

@@ -59,8 +59,12 @@ class PairMeasurement:
     Attributes:
       spec_seconds, base_seconds: total wall time (seconds) over all batches and repeats (compiled calls).
       spec_compile_seconds, base_compile_seconds: the first call of each (compile + run), seconds; with a
-        ``Decoder`` (γ auto or 0) the speculative side's includes its untimed warm-up pass (cost measurement,
-        compiles).
+        ``Decoder`` (γ auto or 0) the speculative side's is the sum of its calls that compiled a program (each γ
+        it picked for the first time).
+      calibration_seconds: with γ auto, the ``Decoder``'s cost measurement (``Decoder.costs_for``; near 0 when
+        the costs were cached on disk by an earlier run); else 0.
+      warmup_seconds: with γ auto, the rest of the untimed first pass over every batch (the calls that did not
+        compile: they teach the Decoder α and row lengths); else 0.
       spec, base: ``DecodeResult`` per batch (from the last repeat).
       num_inputs: real rows (filler rows of the last batch excluded).
       gammas: with ``gamma="auto"``: the γ each batch of the last pass ran (0: the target alone); else None.
@@ -76,6 +80,8 @@ class PairMeasurement:
     num_inputs: int
     gammas: list | None = None
     decoder: object = None
+    calibration_seconds: float = 0.0
+    warmup_seconds: float = 0.0
 
     def _rows(self, results, field):
         return _field(results, field, self.num_inputs)
@@ -179,6 +185,8 @@ def measure_pair(
     verification: str = "token",
     draft_confidence_threshold: float | None = None,
     on_batch: Callable[[], None] | None = None,
+    on_output: Callable[[int, object], None] | None = None,
+    first_pass_gamma: int | None = None,
 ) -> PairMeasurement:
     """Runs speculative_sample and temperature_sample on the same batches, alternating, after compiling each.
 
@@ -193,7 +201,13 @@ def measure_pair(
       max_input_length, truncate: passed to both decode functions (longer inputs are cut when truncate).
       verification, draft_confidence_threshold: passed to ``speculative_sample`` only ("token" / "block";
         None or a probability in [0, 1], draft models only).
-      on_batch: called after each batch (progress bars).
+      on_batch: called after each batch of the timed passes (progress bars).
+      on_output: called once per batch with (batch index, its first speculative ``DecodeResult``, on the host) as
+        soon as that result exists: during the untimed first pass with γ auto, so the first outputs can be shown
+        before the timed passes (the demo prints each translation as it comes).
+      first_pass_gamma: with γ auto, run the untimed first pass at this fixed γ (forced through the Decoder, which
+        learns α from it) before measuring the costs, so the first outputs come after one compile instead of after
+        the cost measurement and its compiles; None: the first pass is the Decoder's own choices, after measuring.
     Returns:
       ``PairMeasurement`` (seconds include waiting for the device to finish each call).
     Raises:
@@ -215,7 +229,15 @@ def measure_pair(
         spec_kw["draft_confidence_threshold"] = draft_confidence_threshold
 
     decoder, gammas, compiled = None, None, []
-    t0 = time.perf_counter()  # with a Decoder its warm-up pass (cost measurement, compiles) counts as compile time
+    shown: set = set()
+
+    def show(j, r):
+        if on_output is not None and j not in shown:
+            shown.add(j)
+            on_output(j, jax.device_get(r))
+
+    calibration = warmup = 0.0
+    t0 = time.perf_counter()
     if gamma == "auto" or gamma == 0:
         from specjax.decoder import Decoder
 
@@ -231,9 +253,28 @@ def measure_pair(
             gammas.append(decoder.last_choice.gamma)
             return r
 
+        def first(j, x):  # the first pass at a fixed γ: outputs before the cost measurement
+            r = finish(decoder(x, rng=jax.random.PRNGKey(seed + j), gamma=first_pass_gamma, **sampling))
+            if decoder.last_compiled:
+                compiled.append(decoder.last_seconds)
+            return r
+
         gammas = []
+        early = gamma == "auto" and first_pass_gamma is not None
+        if gamma == "auto" and not early:  # the cost measurement, apart (cached on disk: near 0 on a second run)
+            decoder.costs_for(batches[0])
+            calibration = time.perf_counter() - t0
+        t0 = time.perf_counter()
         for j, x in enumerate(batches if gamma == "auto" else batches[:1]):  # compiles; teaches α, not time
-            spec(j, x)
+            show(j, (first if early else spec)(j, x))
+        spec_compile = sum(compiled)
+        warmup = time.perf_counter() - t0 - spec_compile
+        compiled.clear()
+        if early:
+            t0 = time.perf_counter()
+            decoder.costs_for(batches[0])
+            calibration = time.perf_counter() - t0
+            gammas.clear()
     else:
 
         def spec(j, x):
@@ -241,11 +282,12 @@ def measure_pair(
                 speculative_sample(target, draft, x, rng=jax.random.PRNGKey(seed + j), gamma=gamma, **spec_kw)
             )
 
+        show(0, spec(0, batches[0]))
+        spec_compile = time.perf_counter() - t0
+
     def base(j, x):
         return finish(temperature_sample(target, x, rng=jax.random.PRNGKey(seed + j), **kw))
 
-    spec(0, batches[0])
-    spec_compile = time.perf_counter() - t0
     t0 = time.perf_counter()
     base(0, batches[0])
     base_compile = time.perf_counter() - t0
@@ -264,6 +306,7 @@ def measure_pair(
                 if fn is spec:
                     spec_s += dt
                     spec_results.append(r)
+                    show(j, r)
                 else:
                     base_s += dt
                     base_results.append(r)
@@ -271,7 +314,9 @@ def measure_pair(
                 on_batch()
     spec_s -= sum(compiled)
     n = num_inputs if num_inputs is not None else sum(b.shape[0] for b in batches)
-    return PairMeasurement(spec_s, base_s, spec_compile, base_compile, spec_results, base_results, n, gammas, decoder)
+    return PairMeasurement(
+        spec_s, base_s, spec_compile, base_compile, spec_results, base_results, n, gammas, decoder, calibration, warmup
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------

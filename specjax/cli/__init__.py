@@ -15,17 +15,24 @@ import sys
 SUBCOMMANDS = ("demo", "translate", "generate", "convert", "train", "bench", "aot")
 
 
-def add_decoding_args(
-    p: argparse.ArgumentParser, *, gamma: int, max_decode_length: int, seed_help: str = "PRNG seed for sampling"
-) -> None:
+def add_decoding_args(p: argparse.ArgumentParser, *, task: str, seed_help: str = "PRNG seed for sampling") -> None:
     """The speculative-sampling flags shared by subcommands: --gamma, --temperature, --top-k, --top-p,
-    --max-decode-length (tokens) and --seed, with the subcommand's own defaults for gamma and length."""
+    --max-decode-length (tokens) and --seed, with the defaults of ``specjax.defaults.DECODE_DEFAULTS``.
+
+    ``--gamma`` and ``--max-decode-length`` default to None here; ``resolve_decoding_defaults(args, task)`` fills
+    them in (γ "auto"; the task's length) once the subcommand knows its task. ``task``: "translation" or "text",
+    as the help text shows it ("text" commands may resolve to "translation" with the shipped pair).
+    """
+    from specjax.defaults import DECODE_DEFAULTS as D
+
+    lengths = ", ".join(f"{n} for {t}" for t, n in D.max_decode_length.items())
     p.add_argument(
         "--gamma",
         type=gamma_arg,
-        default=gamma,
-        help=f"draft tokens per target call: an int >= 1, 0 (the target alone) or 'auto' (chosen per call from "
-        f"measured costs and the running alpha; specjax.Decoder) (default {gamma})",
+        default=None,
+        help=f"draft tokens per target call: 'auto' (the default: chosen per call from measured costs and the "
+        f"running alpha, specjax.Decoder; the target alone when that is faster), 0 (the target alone) or an int "
+        f">= 1 (with --mesh / --data-parallel the default is {D.fixed_gamma})",
     )
     p.add_argument("--verbose", action="store_true", help="print each call's gamma choice and its reason (stderr)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); 1 = sample from the target")
@@ -34,10 +41,10 @@ def add_decoding_args(
     p.add_argument(
         "--max-decode-length",
         type=int,
-        default=max_decode_length,
-        help=f"output tokens per line at most (default {max_decode_length})",
+        default=None,
+        help=f"output tokens per line at most (default: {D.max_decode_length[task]} for {task}; {lengths})",
     )
-    p.add_argument("--seed", type=int, default=0, help=f"{seed_help} (default 0)")
+    p.add_argument("--seed", type=int, default=D.seed, help=f"{seed_help} (default {D.seed})")
     p.add_argument(
         "--verification",
         choices=["token", "block"],
@@ -56,6 +63,18 @@ def add_decoding_args(
     p.add_argument(
         "--max-ngram", type=int, default=3, help="with --draft prompt-lookup: the longest n-gram matched (default 3)"
     )
+
+
+def resolve_decoding_defaults(args, task: str, *, fixed: bool = False) -> None:
+    """Fills in the decoding flags left unset (None) from ``specjax.defaults.DECODE_DEFAULTS``: ``--gamma`` "auto"
+    (``fixed_gamma`` when ``fixed``: a mesh or data-parallel run compiles one γ) and ``--max-decode-length`` the
+    task's ("translation" or "text"). Changes ``args`` in place."""
+    from specjax.defaults import DECODE_DEFAULTS as D
+
+    if getattr(args, "gamma", None) is None:
+        args.gamma = D.fixed_gamma if fixed else D.gamma
+    if getattr(args, "max_decode_length", None) is None:
+        args.max_decode_length = D.max_decode_length[task]
 
 
 def gamma_arg(value: str):
@@ -142,7 +161,17 @@ def build_parser() -> argparse.ArgumentParser:
                 continue
             raise
         module.add_parser(sub)
+    for p in _subparsers(parser).values():
+        add_cache_args(p)
     return parser
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict:
+    """{subcommand name: its parser}."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
 
 
 def _subcommand_parser(parser: argparse.ArgumentParser, name: str | None) -> argparse.ArgumentParser:
@@ -153,13 +182,37 @@ def _subcommand_parser(parser: argparse.ArgumentParser, name: str | None) -> arg
     return parser
 
 
+def add_cache_args(p: argparse.ArgumentParser) -> None:
+    """``--cache-dir DIR`` and ``--no-cache``: where the command keeps XLA's compiled programs and γ auto's measured
+    costs between runs (``specjax.cli._common.cache_settings``), on every subcommand."""
+    g = p.add_argument_group("caches kept between runs")
+    g.add_argument(
+        "--cache-dir",
+        metavar="DIR",
+        default=None,
+        help="keep compiled programs (DIR/xla/, XLA's persistent compilation cache) and gamma auto's measured "
+        "costs (DIR/costs.json) here (default: $SPECJAX_CACHE_DIR, else ~/.cache/specjax; "
+        "$JAX_COMPILATION_CACHE_DIR, if set, holds the compiled programs)",
+    )
+    g.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="keep nothing between runs: compile every program and measure gamma auto's costs again "
+        "(also SPECJAX_CACHE_DIR=off)",
+    )
+
+
 def main(argv=None) -> int:
     """Entry point of the ``specjax`` console script. Returns the process exit status.
 
     An error argparse finds in a subcommand's arguments (an unknown flag, a missing or bad value) prints that
-    subcommand's usage and a one-line message; one the subcommand finds (a ``ValueError`` / ``FileNotFoundError``
-    from its checks) prints one line, "specjax COMMAND: error: ..."; both on stderr, exit status 2. Results go to
-    stdout, statistics and progress to stderr.
+    subcommand's usage and a one-line message; one the subcommand finds (a ``ValueError``) or the operating system
+    reports (any ``OSError``: a missing file or directory, permissions, a full disk; ``_common.os_error_line``
+    names the path and the fix) prints one line, "specjax COMMAND: error: ..."; both on stderr, exit status 2.
+    Ctrl-C at any moment exits with status 130 and one line, finished lines kept (``_common.
+    install_interrupt_handler``). Before the subcommand runs: libtpu is kept quiet on a host without a TPU and the
+    caches kept between runs are turned on (``--cache-dir``, ``--no-cache``). Results go to stdout, statistics and
+    progress to stderr.
     """
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
@@ -169,14 +222,28 @@ def main(argv=None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    from specjax.cli import _common
+
+    _common.install_interrupt_handler(command)
     try:
-        return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError, NotADirectoryError) as e:
+        _common.quiet_libtpu()
+        _common.enable_caches(getattr(args, "cache_dir", None), getattr(args, "no_cache", False))
+        status = int(args.func(args) or 0)
+        _common.flush_stdout()
+        return status
+    except ValueError as e:
         print(f"specjax {command}: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"specjax {args.command}: interrupted; finished work was kept.", file=sys.stderr)
-        return 130
+    except OSError as e:
+        print(f"specjax {command}: error: {_common.os_error_line(e)}", file=sys.stderr)
+        try:
+            _common.flush_stdout()
+        except OSError:  # stdout itself failed (a full disk, a closed pipe): drop what it still holds
+            _common.discard_stdout()
+        return 2
+    except KeyboardInterrupt:  # raised by a handler of a subcommand's own (train's second Ctrl-C)
+        print(f"specjax {command}: interrupted; finished work was kept.", file=sys.stderr)
+        return _common.INTERRUPT_EXIT
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@ import sys
 
 def add_parser(subparsers) -> None:
     """Registers ``aot`` and its arguments."""
+    from specjax.defaults import DECODE_DEFAULTS as D
+
     p = subparsers.add_parser(
         "aot",
         help="compile for a TPU topology ahead of time (no TPU needed) and report memory and costs",
@@ -26,13 +28,24 @@ def add_parser(subparsers) -> None:
     p.add_argument("--topology", required=True, help="TPU slice: v4-1 (one v4 chip), v4-8, v4-32, v5e-8, v5p-8 …")
     p.add_argument("--target", default="t5_1_1_xxl", help="T5 preset or checkpoint dir / config.json (no weights)")
     p.add_argument("--draft", default="t5_1_1_small", help="draft preset or config; 'none': the target alone")
-    p.add_argument("--gamma", type=int, default=7, help="draft tokens per iteration (default 7)")
+    p.add_argument(
+        "--gamma",
+        type=int,
+        default=D.aot_gamma,
+        help=f"draft tokens per iteration (default {D.aot_gamma}, the paper's T5-XXL row; one program per gamma)",
+    )
     p.add_argument("--batch", type=int, default=1, help="rows per call (default 1)")
     p.add_argument("--input-length", type=int, default=512, help="encoder tokens, padded width (default 512)")
-    p.add_argument("--output-length", type=int, default=128, help="max_decode_length in tokens (default 128)")
+    length = D.max_decode_length["text"]
+    p.add_argument("--output-length", type=int, default=length, help=f"max_decode_length in tokens (default {length})")
     p.add_argument("--temperature", type=float, default=0.0, choices=(0.0, 1.0), help="0 greedy (default) or 1")
     p.add_argument("--verifier", choices=("token", "block"), default="token", help="verification (default token)")
-    p.add_argument("--mesh", default=None, help="data:N,model:M (default: the smallest model split that fits)")
+    p.add_argument(
+        "--mesh",
+        default=None,
+        help="data:N,model:M (default: a data axis no larger than --batch, then the smallest model split that "
+        "fits; at batch 1 every chip splits the model: data:1,model:4 on a v4-8)",
+    )
     p.add_argument("--data-parallel", action="store_true", help="data_parallel_sample's program (weights replicated)")
     p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="weights and compute")
     p.add_argument(
@@ -50,6 +63,10 @@ def run(args) -> int:
     from specjax import aot
 
     aot._topology(args.topology)  # an unknown topology is named before the libtpu check (no 680 MB install first)
+    if args.json:
+        from specjax.cli._common import check_output_path
+
+        check_output_path(args.json, "--json")  # before minutes of compiling
     try:
         aot.require_libtpu()
         report = aot.compile_report(

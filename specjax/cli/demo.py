@@ -10,6 +10,8 @@ from specjax.cli import add_size_arg, gamma_arg
 
 def add_parser(sub) -> None:
     """Registers ``specjax demo``."""
+    from specjax.defaults import DECODE_DEFAULTS as D
+
     p = sub.add_parser(
         "demo",
         help="translate English->German with the shipped pair; print alpha and the measured speedup",
@@ -23,7 +25,7 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--gamma",
         type=gamma_arg,
-        default="auto",
+        default=D.gamma,
         help="draft tokens per target call: 'auto' (the default: chosen per line from measured costs and the "
         "running alpha, specjax.Decoder; 0 when the target alone is faster), 0 (the target alone) or an int",
     )
@@ -42,7 +44,7 @@ def add_parser(sub) -> None:
         choices=["float32", "bfloat16"],
         help="the draft's compute dtype (default: with --dtype auto, the pair's path for this CPU; else --dtype)",
     )
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--temperature", type=float, default=D.temperature, help="0 = greedy (default)")
     p.add_argument(
         "--draft",
         default="distilled",
@@ -51,8 +53,13 @@ def add_parser(sub) -> None:
         "reference translations)",
     )
     add_size_arg(p)
-    p.add_argument("--max-decode-length", type=int, default=64, help="output tokens per line at most (default 64)")
-    p.add_argument("--seed", type=int, default=0, help="PRNG seed for sampling at temperature > 0 (default 0)")
+    length = D.max_decode_length["translation"]
+    p.add_argument(
+        "--max-decode-length", type=int, default=length, help=f"output tokens per line at most (default {length})"
+    )
+    p.add_argument(
+        "--seed", type=int, default=D.seed, help=f"PRNG seed for sampling at temperature > 0 (default {D.seed})"
+    )
     p.set_defaults(func=run)
 
 
@@ -71,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
     from specjax import bench, hardware
-    from specjax.defaults import demo_sentences, load_default_pair
+    from specjax.defaults import DEMO_GAMMA, demo_sentences, load_default_pair
 
     print(
         f"dtype path: {why}" if "CPU" in why else f"machine: {hardware.cpu_info().describe()}; {why}", file=sys.stderr
@@ -85,12 +92,30 @@ def run(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     batches = bench.pad_batches([tokenizer.encode(l) for l in lines], batch_size=1)
-    print(
-        "compiling both decode programs first (once per input width; 20-60 s on a 2-core CPU, not counted "
-        "in the speedup)...",
-        file=sys.stderr,
+    from specjax.hardware import cache_dir
+
+    kept = cache_dir()
+    where = f" (kept in {kept} for the next run)" if kept is not None else ""
+    first = (
+        f"compiling gamma {DEMO_GAMMA[size]}'s decode program{where}; each translation is printed as it comes; then "
+        "gamma auto measures this CPU's decode costs and both methods are timed..."
+        if args.gamma == "auto"
+        else f"compiling both decode programs{where}; each translation is printed as it comes, then both are timed..."
     )
-    with tqdm(total=len(batches), desc="speculative vs baseline", unit="line", file=sys.stderr) as bar:
+    print(first, file=sys.stderr)
+    bar = None
+
+    def on_batch():
+        nonlocal bar
+        if bar is None:  # the timed passes: after every translation was printed
+            bar = tqdm(total=len(batches), desc="timing speculative vs baseline", unit="line", file=sys.stderr)
+        bar.update(1)
+
+    def on_output(j, result):
+        n = int(result.lengths[0])
+        print(f"EN: {lines[j]}\nDE: {tokenizer.decode(result.sequences[0][:n])}\n", flush=True)
+
+    try:
         m = bench.measure_pair(
             target,
             draft,
@@ -99,10 +124,13 @@ def run(args: argparse.Namespace) -> int:
             temperature=args.temperature,
             max_decode_length=args.max_decode_length,
             seed=args.seed,
-            on_batch=lambda: bar.update(1),
+            on_batch=on_batch,
+            on_output=on_output,
+            first_pass_gamma=DEMO_GAMMA[size] if args.gamma == "auto" else None,
         )
-    for src, ids in zip(lines, m.sequences("spec")):
-        print(f"EN: {src}\nDE: {tokenizer.decode(ids)}\n")
+    finally:
+        if bar is not None:
+            bar.close()
     chosen = ""
     if m.gammas is not None:
         counts = {g: m.gammas.count(g) for g in sorted(set(m.gammas))}
@@ -124,14 +152,20 @@ def run(args: argparse.Namespace) -> int:
         f"speedup                    {m.speedup:.2f}x  (same inputs, batch 1, after compilation; "
         f"compile {m.spec_compile_seconds:.1f}s + {m.base_compile_seconds:.1f}s not counted)"
     )
+    if args.gamma == "auto":
+        print(
+            f"not timed either: the first pass over the lines at gamma {DEMO_GAMMA[size]} {m.warmup_seconds:.1f}s "
+            f"(the translations above; gamma auto learns alpha from it) and gamma auto's cost measurement "
+            f"{m.calibration_seconds:.1f}s (once per machine and shape: kept between runs unless --no-cache)"
+        )
     if args.temperature == 0:
         print(
             f"greedy outputs identical to the target alone: {same}"
             + (
                 ""
-                if same or dtype == "float32"
-                else f" ({sum(equal)} of {len(equal)} lines; in bfloat16 a verification window and a one-token step "
-                "round differently, so a near-tie can go the other way; --dtype float32 is identical bit for bit)"
+                if same
+                else f" ({sum(equal)} of {len(equal)} lines: a defect, please report it with this output; "
+                "windows and steps are meant to give the same logits bit for bit)"
             )
         )
     if m.speedup < 1.05:

@@ -19,8 +19,8 @@ import argparse
 import os
 import sys
 
-from specjax.cli import add_decoding_args, add_size_arg
-from specjax.cli._common import lines_done
+from specjax.cli import add_decoding_args, add_size_arg, resolve_decoding_defaults
+from specjax.cli._common import OutputLines, check_output_path, lines_done
 from specjax.cli._lines import encode_lines, output_text
 
 DEFAULT_TOKENIZER = os.path.join("..", "shared", "data", "tokenizer", "t5", "spiece.model")
@@ -52,7 +52,7 @@ def add_parser(sub) -> None:
         "without --target/--draft)",
     )
     p.add_argument("--prefix", default="", help='task prefix, e.g. "translate English to German: "')
-    add_decoding_args(p, gamma=5, max_decode_length=128, seed_help="PRNG seed (line i uses fold_in(seed key, i))")
+    add_decoding_args(p, task="text", seed_help="PRNG seed (line i uses fold_in(seed key, i))")
     add_size_arg(p)
     p.add_argument("--batch-size", type=int, default=32, help="rows per decode call (default 32)")
     p.add_argument("--max-input-length", type=int, default=512, help="most input tokens per line (with EOS)")
@@ -169,6 +169,10 @@ def _read_lines(path: str) -> list[str]:
 def _validate(args):
     from specjax.sampling import validate_sampling
 
+    # The shipped pair translates; checkpoints of one's own may do any task (specjax.defaults.DECODE_DEFAULTS).
+    resolve_decoding_defaults(
+        args, "text" if args.target else "translation", fixed=bool(args.data_parallel or args.mesh)
+    )
     validate_sampling(args.temperature, args.top_k, args.top_p)
     auto = args.gamma == "auto" or args.gamma == 0
     if auto and (args.data_parallel or args.mesh):
@@ -192,16 +196,7 @@ def _validate(args):
         )
     if args.input != "-" and os.path.isdir(args.input):
         raise ValueError(f"--input {args.input!r} is a directory; pass a text file with one input per line.")
-    if args.output != "-" and os.path.isdir(args.output):
-        raise ValueError(
-            f"--output {args.output!r} is a directory; pass a file name (e.g. "
-            f"{os.path.join(args.output, 'outputs.txt')!r})."
-        )
-    parent = os.path.dirname(os.path.abspath(args.output)) if args.output != "-" else ""
-    if parent and not os.path.isdir(parent):
-        raise FileNotFoundError(
-            f"--output {args.output!r}: the directory {parent!r} does not exist; create it first (mkdir -p)."
-        )
+    check_output_path(args.output)  # before any model loads: a missing directory, no permission, a read-only disk
     if args.output != "-" and os.path.abspath(args.output) == os.path.abspath(args.input):
         raise ValueError("--output must differ from --input.")
 
@@ -246,17 +241,13 @@ def run(args: argparse.Namespace) -> int:
     )
     sampling = dict(rng=args.seed, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, start_index=done)
     bulk = BulkDecoder(target, draft, gamma=args.gamma, **spec_kwargs, **settings)
-    out, dropped = None, [0]
+    out, dropped = OutputLines(args.output), [0]  # the file is created with its first line
     try:
         progress = dict(total=len(lines), initial=done)
         for r in bulk.generate(rows, progress=progress, **sampling):
-            if out is None:  # the output file is created with its first line
-                out = sys.stdout if args.output == "-" else open(args.output, "a", encoding="utf-8")
-            out.write(output_text(tokenizer, r.tokens, dropped) + "\n")
-            out.flush()
+            out.write([output_text(tokenizer, r.tokens, dropped)])  # flushed: a rerun resumes after it
     finally:
-        if out is not None and out is not sys.stdout:
-            out.close()
+        out.close()
     s = bulk.stats
     if args.verbose:
         for reason in s.reasons:

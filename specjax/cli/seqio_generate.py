@@ -31,6 +31,9 @@ def _validate(args) -> None:
             "--prefix does not apply to --seqio-task: the Task's preprocessors make its inputs "
             "(T5's Tasks add 'translate English to German: ' themselves)."
         )
+    from specjax.cli import resolve_decoding_defaults
+
+    resolve_decoding_defaults(args, "text", fixed=True)  # one compiled γ per Task run (seqio_interop.seqio_decode)
     validate_sampling(args.temperature, args.top_k, args.top_p)
     if not isinstance(args.gamma, int):
         raise ValueError(f"--gamma {args.gamma} is not available with --seqio-task; give an int gamma >= 1.")
@@ -76,7 +79,9 @@ def run(args: argparse.Namespace) -> int:
     _validate(args)
     _quiet_tensorflow()
     from specjax import seqio_interop
-    from specjax.cli._common import lines_done
+    from specjax.cli._common import OutputLines, check_output_path, lines_done
+
+    check_output_path(args.output)
 
     try:
         seqio_interop.import_seqio()
@@ -103,12 +108,10 @@ def run(args: argparse.Namespace) -> int:
         with open(args.output, encoding="utf-8") as f:
             previous = [task_tok.encode(line) for line in f.read().splitlines()[:done]]
     report = sys.stderr  # statistics and progress; the outputs go to --output (stdout for -)
-    out = sys.stdout if args.output == "-" else open(args.output, "a", encoding="utf-8")
+    out = OutputLines(args.output)  # created with its first line
 
     def write(batch_tokens):
-        texts = [task_tok.decode(t, out_of_range="unk").replace("\n", " ").replace("\r", " ") for t in batch_tokens]
-        out.write("".join(t + "\n" for t in texts))
-        out.flush()
+        out.write(task_tok.decode(t, out_of_range="unk").replace("\n", " ").replace("\r", " ") for t in batch_tokens)
 
     try:
         result = seqio_interop.seqio_decode(
@@ -135,8 +138,7 @@ def run(args: argparse.Namespace) -> int:
             progress=True,
         )
     finally:
-        if out is not sys.stdout:
-            out.close()
+        out.close()
     n_new = len(result.predictions) - done
     if n_new == 0:
         print(f"{args.output}: all {done} examples already written; metrics over them:", file=report)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from specjax.cli import add_decoding_args, add_size_arg
+from specjax.cli import add_decoding_args, add_size_arg, resolve_decoding_defaults
 
 
 def add_parser(sub) -> None:
@@ -34,7 +34,7 @@ def add_parser(sub) -> None:
         metavar="LANG",
         help="target language for a MADLAD-400 model: prepends its <2LANG> token to each input (e.g. --to de)",
     )
-    add_decoding_args(p, gamma=3, max_decode_length=64)
+    add_decoding_args(p, task="translation")
     add_size_arg(p)
     p.add_argument("--max-input-length", type=int, default=512, help="input tokens at most (default 512)")
     p.add_argument(
@@ -47,6 +47,7 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Prints one translation per input on stdout, then the paper's α and tokens per target call on stderr."""
+    resolve_decoding_defaults(args, "translation")
     empty = [i for i, t in enumerate(args.text) if not t.strip()]
     if empty:
         raise ValueError(f"argument {empty[0] + 1} is empty; give the English sentences to translate.")
@@ -63,10 +64,10 @@ def run(args: argparse.Namespace) -> int:
         from specjax.cli.generate import DEFAULT_TOKENIZER
         from specjax.tokenizer import resolve_tokenizer
 
+        target = load_checkpoint(args.target)  # first: a missing checkpoint is the one line to read
+        draft = None if lookup else load_checkpoint(args.draft)
         tokenizer, origin = resolve_tokenizer(args.target, args.tokenizer, DEFAULT_TOKENIZER)
         print(f"tokenizer: {origin}", file=sys.stderr)
-        target = load_checkpoint(args.target)
-        draft = None if lookup else load_checkpoint(args.draft)
     else:
         from specjax.defaults import load_default_pair
 

@@ -7,6 +7,7 @@ Modules, each owning one thing (data flows down this list):
                (``PromptLookupDraft``)
   verify.py    verifiers: token (Leviathan et al. 2023, Algorithm 1)
   block.py     block verification (Sun et al. 2025, Algorithm 2)
+  branches.py  multi-draft: k branches per row, recursive rejection sampling at the branch point
   loop.py      the speculative while loop: draft → verify → accept → commit
   baseline.py  ``temperature_sample``
   result.py    ``DecodeResult`` (a pytree), the paper's α, tokens per call, per-position counts
@@ -16,11 +17,12 @@ from specjax.decoding.baseline import lower_temperature_sample, temperature_samp
 from specjax.decoding.drafts import DraftSource, ModelDraft, PromptLookupDraft
 from specjax.decoding.inputs import DecodeConfig
 from specjax.decoding.loop import lower_speculative_sample, speculative_sample
-from specjax.decoding.model import DecodingModel, as_decoding_model
+from specjax.decoding.model import BranchDecodingModel, DecodingModel, as_decoding_model
 from specjax.decoding.result import DecodeResult
 from specjax.decoding.verify import Proposal, TokenVerifier, Verdict
 
 __all__ = [
+    "BranchDecodingModel",
     "DecodeConfig",
     "DecodeResult",
     "DecodingModel",

@@ -11,14 +11,26 @@ import jax
 import jax.numpy as jnp
 
 from specjax.decoding.drafts import decoder_input_at
-from specjax.decoding.inputs import DecodeConfig, prepare_tokens, raw_keys, row_keys
-from specjax.decoding.loop import split_rows
+from specjax.decoding.inputs import DecodeConfig, prepare_tokens, raw_keys, row_keys, split_rows
 from specjax.decoding.model import DecodingModel, as_decoding_model
 from specjax.decoding.result import Counters, DecodeResult
 from specjax.decoding.xla_cpu import TunedJit
 from specjax.sampling import SamplingParams, argmax, sample_rows
 
-__all__ = ["temperature_sample", "lower_temperature_sample"]
+__all__ = ["temperature_sample", "lower_temperature_sample", "STEP_WINDOW"]
+
+
+STEP_WINDOW = 2
+"""Tokens the target is fed per step: the row's next decoder input, then the same token again as filler.
+
+A one-token call is a one-row dot at batch 1 (``x [1, d] @ W``), which XLA:CPU runs on another kernel than a
+dot of two or more rows and which rounds differently (float32 and bfloat16; ``benchmarks/window_invariance.py``);
+a speculative verification window always has ``γ + 1 >= 2`` rows. Fed two tokens, every step of the target
+alone takes the window's numeric path, so its logits at a position are the window's bit for bit and greedy
+speculative output equals this loop's token for token, on every dtype path. The filler's keys/values land in
+the slot after the step's own (``T + 1`` slots: in range), which the next step overwrites before any query reads
+it; its logits are dropped. The cost is one more row per dot: at batch 1 the step reads the same weights and
+measured the same speed on the CPUs tried (``docs/performance.md``, "Window invariance")."""
 
 
 class BaselineState(NamedTuple):
@@ -67,7 +79,8 @@ def _baseline_loop(
         i = state.step
         positions = jnp.full((b,), i, jnp.int32)
         with jax.named_scope("step"):
-            tokens = decoder_input_at(state.sequences, positions, pad_id)[:, None]  # [b, 1]
+            token_b1 = decoder_input_at(state.sequences, positions, pad_id)[:, None]
+            tokens = jnp.tile(token_b1, (1, STEP_WINDOW))  # [b, 2]: the input and a filler (STEP_WINDOW)
             logits, cache = model.decode(params, encoded, tokens, state.cache, positions)
         with jax.named_scope("sample"):
             next_keys, sample_keys = split_rows(state.keys, 2)
@@ -82,8 +95,10 @@ def _baseline_loop(
     return DecodeResult.from_loop(final.sequences, final.lengths, counters)
 
 
-# Arguments: (model, config, params, tokens [b, s], key, sampling); one token per step: b rows per dot.
-_baseline_jit = TunedJit(_baseline_loop, (0, 1), lambda *a: a[3].shape[0], lambda *a: a[2], lambda *a: a[3].shape[0])
+# Arguments: (model, config, params, tokens [b, s], key, sampling); STEP_WINDOW tokens per step: 2b rows per dot.
+_baseline_jit = TunedJit(
+    _baseline_loop, (0, 1), lambda *a: STEP_WINDOW * a[3].shape[0], lambda *a: a[2], lambda *a: a[3].shape[0]
+)
 
 
 def _baseline_args(

@@ -21,15 +21,20 @@ import numpy as np
 __all__ = [
     "DecodeConfig",
     "VERIFICATIONS",
+    "MAX_DRAFTS",
     "is_tracer",
     "check_int",
     "prepare_tokens",
     "raw_keys",
     "row_keys",
+    "split_rows",
     "bucket_length",
     "pad_batch",
     "batches",
 ]
+
+MAX_DRAFTS = 4
+"""The most draft continuations ``speculative_sample(..., num_drafts=k)`` verifies per target call."""
 
 VERIFICATIONS = ("token", "block")
 """Verifiers the speculative loop knows: token (Leviathan et al. 2023, Alg. 1), block (Sun et al. 2025)."""
@@ -61,6 +66,8 @@ class DecodeConfig:
         clipped to it (no iteration could use more drafts; a huge window would only cost time).
       eos_id: the token that ends a row (kept in the output). T5's SentencePiece EOS is 1.
       verification: "token" (Leviathan et al. 2023, Algorithm 1) or "block" (Sun et al. 2025).
+      num_drafts: draft continuations verified per target call (1 to ``MAX_DRAFTS`` = 4; 1 is single-draft
+        speculative sampling; ``specjax.decoding.branches``).
     Raises:
       ValueError: a field out of range, with the way out in the message.
     """
@@ -69,6 +76,7 @@ class DecodeConfig:
     gamma: int = 0
     eos_id: int = 1
     verification: str = "token"
+    num_drafts: int = 1
 
     def __post_init__(self):
         check_int("max_decode_length", self.max_decode_length, 1, "it is the most output tokens per row.")
@@ -83,6 +91,16 @@ class DecodeConfig:
             object.__setattr__(self, "gamma", int(self.max_decode_length))
         if self.verification not in VERIFICATIONS:
             raise ValueError(f"verification must be one of {VERIFICATIONS}, got {self.verification!r}.")
+        if (
+            isinstance(self.num_drafts, (bool, np.bool_))
+            or not isinstance(self.num_drafts, (int, np.integer))
+            or not 1 <= self.num_drafts <= MAX_DRAFTS
+        ):
+            raise ValueError(
+                f"num_drafts must be an int in [1, {MAX_DRAFTS}], got {self.num_drafts!r}; it is the number of draft "
+                "continuations the target checks per call (1: single-draft speculative sampling; try 2)."
+            )
+        object.__setattr__(self, "num_drafts", int(self.num_drafts))
         object.__setattr__(self, "max_decode_length", int(self.max_decode_length))
         object.__setattr__(self, "gamma", int(self.gamma))
         object.__setattr__(self, "eos_id", int(self.eos_id))
@@ -111,7 +129,20 @@ def prepare_tokens(
     )
     traced = is_tracer(encoder_input_tokens)
     if not traced and not isinstance(encoder_input_tokens, jax.Array):
-        encoder_input_tokens = np.asarray(encoder_input_tokens)
+        try:
+            encoder_input_tokens = np.asarray(encoder_input_tokens)
+        except ValueError:  # rows of different lengths
+            raise ValueError(
+                "encoder_input_tokens rows have different lengths; pad them into one int[batch, length] array "
+                "(tokenizer.encode_batch(texts) does, padding with 0)."
+            ) from None
+        if encoder_input_tokens.dtype.kind in "USO" and any(
+            isinstance(v, (str, bytes)) for v in encoder_input_tokens.reshape(-1)[:8]
+        ):
+            raise ValueError(
+                "encoder_input_tokens look like text (strings), not token ids: tokenize first with "
+                "tokenizer.encode_batch(texts) (int32[batch, length], padded with 0)."
+            )
     shape, dtype = np.shape(encoder_input_tokens), encoder_input_tokens.dtype
     if len(shape) == 1:
         raise ValueError(
@@ -204,6 +235,11 @@ def raw_keys(rng, batch: int):
             "fold_in(key, row)) or exactly one key per row."
         )
     return rng
+
+
+def split_rows(keys: jax.Array, num: int) -> jax.Array:
+    """keys uint32[b, 2] -> uint32[num, b, 2] (vmapped split, so each row only uses its own key)."""
+    return jnp.swapaxes(jax.vmap(lambda k: jax.random.split(k, num))(keys), 0, 1)
 
 
 def row_keys(raw: jax.Array, batch: int) -> jax.Array:

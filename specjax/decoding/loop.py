@@ -22,9 +22,11 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from specjax.decoding.baseline import temperature_sample
+from specjax.decoding.branches import BranchDraft, branch_verify
 from specjax.decoding.drafts import DraftSource, ModelDraft, decoder_input_at
-from specjax.decoding.inputs import DecodeConfig, prepare_tokens, raw_keys, row_keys
-from specjax.decoding.model import DecodingModel, as_decoding_model
+from specjax.decoding.inputs import DecodeConfig, prepare_tokens, raw_keys, row_keys, split_rows
+from specjax.decoding.model import BranchDecodingModel, DecodingModel, as_decoding_model
 from specjax.decoding.result import Counters, DecodeResult
 from specjax.decoding.verifiers import get_verifier
 from specjax.decoding.verify import Proposal, Verdict
@@ -54,11 +56,6 @@ class SpecState(NamedTuple):
     done: jax.Array
     keys: jax.Array
     counters: Counters
-
-
-def split_rows(keys: jax.Array, num: int) -> jax.Array:
-    """keys uint32[b, 2] -> uint32[num, b, 2] (vmapped split, so each row only uses its own key)."""
-    return jnp.swapaxes(jax.vmap(lambda k: jax.random.split(k, num))(keys), 0, 1)
 
 
 def verify_window(target: DecodingModel, params, encoded, state: SpecState, proposal: Proposal):
@@ -109,6 +106,50 @@ def commit(state: SpecState, proposal: Proposal, verdict: Verdict, config: Decod
     return state._replace(positions=positions, sequences=sequences, done=done, counters=counters)
 
 
+def branch_iteration(
+    target: DecodingModel,
+    draft: BranchDraft,
+    config: DecodeConfig,
+    target_params,
+    draft_params,
+    encoded,
+    draft_context,
+    sampling: SamplingParams,
+    state: SpecState,
+) -> SpecState:
+    """One multi-draft iteration (``num_drafts`` = k > 1; ``specjax.decoding.branches``, steps 1-6), every row:
+    the draft proposes k continuations, the target scores the k windows in one call, recursive rejection
+    sampling picks the branch, the token / block rule runs along it, and the kept branch is committed."""
+    g, k = config.gamma, config.num_drafts
+    step_keys = split_rows(state.keys, g + 2)  # [g + 2, b, 2]
+    with jax.named_scope("draft"):
+        proposal, branch_carry = draft.propose(
+            draft_params, draft_context, state.draft_carry, state.sequences, state.positions, step_keys[2:], sampling, g
+        )
+    with jax.named_scope("verify"):
+        window = draft.window(state.sequences, state.positions, proposal, target.pad_id)  # [b, k, w]
+        target_logits, target_window = target.decode_branches(
+            target_params, encoded, window, state.target_cache, state.positions
+        )
+    with jax.named_scope("accept"):
+        branch, verdict = branch_verify(step_keys[1], proposal, target_logits, sampling, config.verification)
+    with jax.named_scope("commit"):
+        b = branch.shape[0]
+        chain = Proposal(
+            jnp.take_along_axis(proposal.tokens, branch[:, None, None], axis=1)[:, 0],
+            None,
+            jnp.full((b,), g, jnp.int32),
+        )
+        active = ~state.done
+        target_cache = target.commit_branch(state.target_cache, target_window, branch, state.positions, g + 1)
+        draft_carry = draft.keep(branch_carry, branch)
+        kept = active & (verdict.num_accepted > 0)
+        new = commit(state, chain, verdict, config)
+        per_branch = state.counters.accepted_per_branch + (kept[:, None] & (jnp.arange(k)[None, :] == branch[:, None]))
+        counters = new.counters._replace(accepted_per_branch=per_branch.astype(jnp.int32))
+    return new._replace(target_cache=target_cache, draft_carry=draft_carry, keys=step_keys[0], counters=counters)
+
+
 def _speculative_loop(
     target: DecodingModel,
     draft: DraftSource,
@@ -121,6 +162,8 @@ def _speculative_loop(
 ) -> DecodeResult:
     b = encoder_input_tokens.shape[0]
     T, g = config.max_decode_length, config.gamma
+    if config.num_drafts > 1:
+        draft = BranchDraft(draft.model, config.num_drafts)
     with jax.named_scope("encode"):
         keys = row_keys(raw_key, b)
         encoded = target.encode(target_params, encoder_input_tokens)
@@ -132,7 +175,7 @@ def _speculative_loop(
         jnp.full((b, T), target.pad_id, jnp.int32),
         jnp.zeros((b,), bool),
         keys,
-        Counters.zeros(b, g),
+        Counters.zeros(b, g, config.num_drafts),
     )
     body = speculative_body(target, draft, config, target_params, draft_params, encoded, draft_context, sampling)
     final = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, init)
@@ -151,7 +194,7 @@ def speculative_body(
 ):
     """One iteration of the speculative loop as a function ``SpecState -> SpecState`` (traced code).
 
-    ``_speculative_loop`` runs it until every row is done; the bulk decoder (``specjax.decoding.bulk``) runs it
+    ``_speculative_loop`` runs it until every row is done; the bulk decoder (``specjax.decoding.slots``) runs it
     over a fixed set of slots until enough of them are done, refilling them between runs. Each row only reads
     its own state, encoder memory, sampling parameters and key: its tokens do not depend on the other rows.
 
@@ -188,6 +231,13 @@ def speculative_body(
             state = commit(state, proposal, verdict, config)
         return state._replace(target_cache=target_cache, draft_carry=draft_carry, keys=step_keys[0])
 
+    if config.num_drafts > 1:  # multi-draft: its own iteration; num_drafts=1 runs `body` above, unchanged
+
+        def body(state: SpecState) -> SpecState:
+            return branch_iteration(
+                target, draft, config, target_params, draft_params, encoded, draft_context, sampling, state
+            )
+
     return body
 
 
@@ -196,7 +246,7 @@ def speculative_body(
 _speculative_jit = TunedJit(
     _speculative_loop,
     (0, 1, 2),
-    lambda *a: a[5].shape[0] * (a[2].gamma + 1),
+    lambda *a: a[5].shape[0] * (a[2].gamma + 1) * a[2].num_drafts,
     lambda *a: a[3],
     lambda *a: a[5].shape[0],
 )
@@ -208,6 +258,30 @@ def as_draft_source(draft) -> tuple[DraftSource, Any]:
         return draft, None
     fns, params = as_decoding_model(draft, "draft")
     return ModelDraft(fns), params
+
+
+def _check_branching(target_fns, source, config: DecodeConfig) -> None:
+    """What ``num_drafts`` > 1 needs: a draft model without a confidence stop, both models able to branch
+    (``BranchDecodingModel``), and more vocabulary than drafts. Raises ValueError naming the way out."""
+    k = config.num_drafts
+    if not isinstance(source, ModelDraft) or source.confidence_threshold is not None:
+        what = type(source).__name__ if not isinstance(source, ModelDraft) else "a confidence-stopped draft"
+        raise ValueError(
+            f"num_drafts={k} needs a draft model drafting gamma tokens, got {what}; pass a draft T5Model without "
+            "draft_confidence_threshold, or num_drafts=1."
+        )
+    for what, fns in (("target", target_fns), ("draft", source.model)):
+        if not isinstance(fns, BranchDecodingModel):
+            raise ValueError(
+                f"num_drafts={k} needs a {what} that scores several branches per call (a BranchDecodingModel: "
+                f"decode_branches, commit_branch, fork_rows, take_rows), got {type(fns).__name__}; use a specjax "
+                "T5Model or num_drafts=1."
+            )
+    if k > target_fns.vocab_size:
+        raise ValueError(
+            f"num_drafts={k} is more than the vocabulary ({target_fns.vocab_size} tokens): the drafts' first tokens "
+            f"must differ; use num_drafts <= {target_fns.vocab_size}."
+        )
 
 
 def _speculative_args(
@@ -225,6 +299,7 @@ def _speculative_args(
     truncate,
     verification,
     draft_confidence_threshold=None,
+    num_drafts=1,
 ):
     target_fns, target_params = as_decoding_model(target, "target")
     source, draft_params = as_draft_source(draft)
@@ -250,9 +325,12 @@ def _speculative_args(
         )
     if isinstance(gamma, (int,)) and not isinstance(gamma, bool) and gamma < 1:
         raise ValueError(
-            f"gamma must be an int >= 1, got {gamma!r}; it is the number of draft tokens per target call (try 3 to 7)."
+            f"gamma must be an int >= 1 (or 0, the target alone, in speculative_sample), got {gamma!r}; it is the "
+            "number of draft tokens per target call (try 3 to 7)."
         )
-    config = DecodeConfig(max_decode_length, gamma, eos_id, verification)
+    config = DecodeConfig(max_decode_length, gamma, eos_id, verification, num_drafts)
+    if config.num_drafts > 1:
+        _check_branching(target_fns, source, config)
     if config.eos_id >= target_fns.vocab_size:
         raise ValueError(
             f"eos_id={eos_id!r} is outside the vocabulary [0, {target_fns.vocab_size}); T5's SentencePiece EOS is 1."
@@ -286,6 +364,7 @@ def speculative_sample(
     truncate: bool = False,
     verification: str = "token",
     draft_confidence_threshold: float | None = None,
+    num_drafts: int = 1,
 ) -> DecodeResult:
     """Speculative sampling: a draft proposes ``gamma`` tokens, the target checks them in one call.
 
@@ -313,7 +392,9 @@ def speculative_sample(
       rng: a PRNG key (row ``i`` uses ``fold_in(rng, i)``), an int seed, per-row keys [b], or None
         (``PRNGKey(0)``: deterministic; pass your own key for independent samples).
       gamma: draft tokens per iteration, >= 1 (clipped to ``max_decode_length``; the loop clips each
-        iteration at the room left).
+        iteration at the room left); 0: the target alone (``temperature_sample``'s program and result: one
+        token per target call, no drafts, ``accepted_per_position`` [b, 0], α NaN; the draft is not run or
+        checked, and ``verification`` / ``draft_confidence_threshold`` do not apply).
       max_decode_length: ``T``, the most output tokens per row.
       temperature: float >= 0 or float[b] per row (0: greedy). top_k: int >= 0 or int[b] (0: all).
       top_p: float in (0, 1] or float[b] (1: all).
@@ -324,16 +405,37 @@ def speculative_sample(
         expectation).
       draft_confidence_threshold: None, or a number in [0, 1]: each row stops drafting after a draft token
         whose probability under the draft is below it (adaptive gamma up to ``gamma``; ``ModelDraft``). Static.
+      num_drafts: ``k`` in 1..4, static: the draft proposes k continuations whose first tokens differ (drawn
+        without replacement; at temperature 0 its top k), the target scores all k windows of gamma + 1 tokens
+        in one call, and recursive rejection sampling (SpecInfer; Jeon et al. 2024) keeps at most one of them,
+        then the ``verification`` rule runs along it: the output distribution is still the target's, and rows
+        at temperature 0 still equal target-greedy (``specjax.decoding.branches``). 1: single-draft decoding.
+        Needs a draft model (not prompt lookup nor a confidence stop); the target window is k (gamma + 1) rows
+        and the draft runs k rows per row after its first step.
     Returns:
       ``DecodeResult`` (a pytree of jax arrays): ``sequences`` int32[b, T], ``lengths``, per-row counters;
       ``.acceptance_rate`` is the paper's α, ``.accepted_fraction`` accepted/drafted,
       ``.tokens_per_target_call``.
     Raises:
-      ValueError (before anything compiles): vocabularies or pad ids differ; gamma < 1;
+      ValueError (before anything compiles): vocabularies or pad ids differ; gamma < 0;
         empty batch, ids outside the vocabulary, input longer than ``max_input_length`` without ``truncate``;
         temperature < 0, top_k < 0, top_p outside (0, 1]; eos_id outside the vocabulary; an unknown
-        verification; a bad rng. Value checks are skipped for traced values.
+        verification; a bad rng; num_drafts outside 1..4 or above the vocabulary size, or > 1 with a draft
+        that is not a model or models that cannot branch. Value checks are skipped for traced values.
     """
+    if isinstance(gamma, int) and not isinstance(gamma, bool) and gamma == 0:  # no draft token: the target alone
+        return temperature_sample(
+            target,
+            encoder_input_tokens,
+            rng=rng,
+            max_decode_length=max_decode_length,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            eos_id=eos_id,
+            max_input_length=max_input_length,
+            truncate=truncate,
+        )
     return _speculative_jit(
         *_speculative_args(
             target,
@@ -350,6 +452,7 @@ def speculative_sample(
             truncate,
             verification,
             draft_confidence_threshold,
+            num_drafts,
         )
     )
 

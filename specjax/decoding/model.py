@@ -9,7 +9,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import jax
 
-__all__ = ["DecodingModel", "as_decoding_model"]
+__all__ = ["DecodingModel", "BranchDecodingModel", "as_decoding_model"]
 
 Params = Any
 
@@ -39,6 +39,31 @@ class DecodingModel(Protocol):
 
     def init_cache(self, batch: int, length: int) -> Any:
         """An empty cache pytree for ``batch`` rows and ``length`` decoder positions."""
+
+
+@runtime_checkable
+class BranchDecodingModel(DecodingModel, Protocol):
+    """A ``DecodingModel`` that can also score several branches per row in one call (multi-draft verification,
+    ``speculative_sample(..., num_drafts=k)``) and copy rows of its caches (the draft's branches).
+
+    ``specjax.models.adapter.T5Decoding`` implements it.
+    """
+
+    def decode_branches(
+        self, params: Params, encoded: Any, tokens: jax.Array, cache: Any, positions: jax.Array
+    ) -> tuple[jax.Array, Any]:
+        """tokens int32[b, k, w] (k branches of w tokens) at per-row positions int32[b] -> (logits float[b, k, w,
+        v], window): each branch attends to the row's cache slots before its position and to its own tokens;
+        the cache is not written (``commit_branch`` keeps one branch)."""
+
+    def commit_branch(self, cache: Any, window: Any, branch: jax.Array, positions: jax.Array, width: int) -> Any:
+        """The cache with branch int32[b] of ``window`` written at positions int32[b] (``width`` = w slots)."""
+
+    def fork_rows(self, tree: Any, k: int) -> Any:
+        """A cache or encoded pytree with every row repeated k times (row i's copies at i·k .. i·k + k − 1)."""
+
+    def take_rows(self, cache: Any, rows: jax.Array) -> Any:
+        """The cache's rows int32[b'] (a gather)."""
 
 
 def as_decoding_model(model, what: str) -> tuple[DecodingModel, Params]:

@@ -27,7 +27,7 @@ class Counters(NamedTuple):
     """Per-row counters carried by the loops (see ``DecodeResult`` for each meaning).
 
     target_calls, draft_tokens, accepted, num_verified: int32[b]; beta_sum: float32[b];
-    accepted_per_position: int32[b, g].
+    accepted_per_position: int32[b, g]; accepted_per_branch: int32[b, k] with ``num_drafts`` = k > 1, else None.
     """
 
     target_calls: jax.Array
@@ -36,11 +36,13 @@ class Counters(NamedTuple):
     beta_sum: jax.Array
     num_verified: jax.Array
     accepted_per_position: jax.Array
+    accepted_per_branch: jax.Array | None = None
 
     @classmethod
-    def zeros(cls, batch: int, gamma: int) -> "Counters":
+    def zeros(cls, batch: int, gamma: int, num_drafts: int = 1) -> "Counters":
         z = jnp.zeros((batch,), jnp.int32)
-        return cls(z, z, z, jnp.zeros((batch,), jnp.float32), z, jnp.zeros((batch, gamma), jnp.int32))
+        branches = jnp.zeros((batch, num_drafts), jnp.int32) if num_drafts > 1 else None
+        return cls(z, z, z, jnp.zeros((batch,), jnp.float32), z, jnp.zeros((batch, gamma), jnp.int32), branches)
 
 
 def _concrete(x, what: str) -> np.ndarray:
@@ -73,6 +75,11 @@ class DecodeResult:
       num_verified: int32[b] verified positions (acceptance tests run) of the row.
       accepted_per_position: int32[b, g] how many iterations accepted draft position ``i`` (vLLM's
         ``num_accepted_tokens_per_pos``); [b, 0] for the baseline.
+      accepted_per_branch: int32[b, k] how many iterations accepted draft branch ``j`` (``num_drafts`` = k;
+        branch 0 is the draft's first choice): with k = 1 the iterations that accepted a draft at all
+        (``accepted_per_position[:, :1]``); None where a result was built without it.
+    With ``num_drafts`` > 1 the per-token counters follow the branch that was kept: drafted tokens count
+    ``gamma`` per iteration (not ``k · gamma``), and β at the branch point is that of the first candidate's law.
     """
 
     sequences: jax.Array
@@ -83,6 +90,7 @@ class DecodeResult:
     beta_sum: jax.Array
     num_verified: jax.Array
     accepted_per_position: jax.Array
+    accepted_per_branch: jax.Array | None = None
 
     @classmethod
     def from_loop(cls, sequences, lengths, counters: Counters) -> "DecodeResult":
@@ -97,6 +105,7 @@ class DecodeResult:
             c.beta_sum,
             c.num_verified,
             c.accepted_per_position,
+            c.accepted_per_position[:, :1] if c.accepted_per_branch is None else c.accepted_per_branch,
         )
 
     @property
@@ -131,6 +140,14 @@ class DecodeResult:
         """Accepted draft tokens per iteration: ``Σ num_accepted / Σ num_target_calls``; NaN if no calls."""
         calls = int(np.sum(_concrete(self.num_target_calls, "mean_accepted_length")))
         return float(np.sum(_concrete(self.num_accepted, "mean_accepted_length"))) / calls if calls else float("nan")
+
+    @property
+    def acceptance_by_branch(self) -> np.ndarray:
+        """float64[k]: the fraction of iterations that accepted draft branch ``j`` (``num_drafts`` = k; branch 0
+        is the draft's first choice); their sum is the fraction that accepted any draft."""
+        calls = int(np.sum(_concrete(self.num_target_calls, "acceptance_by_branch")))
+        counts = _concrete(self.accepted_per_branch, "acceptance_by_branch").sum(axis=0)
+        return counts / calls if calls else np.full(counts.shape, np.nan)
 
     @property
     def acceptance_by_position(self) -> np.ndarray:

@@ -39,8 +39,8 @@ import jax
 import jax.numpy as jnp
 
 from specjax.decoding.drafts import DraftSource, decoder_input_at
-from specjax.decoding.inputs import DecodeConfig
-from specjax.decoding.loop import SpecState, speculative_body, split_rows
+from specjax.decoding.inputs import DecodeConfig, split_rows
+from specjax.decoding.loop import SpecState, speculative_body
 from specjax.decoding.model import DecodingModel
 from specjax.decoding.result import Counters
 from specjax.decoding.xla_cpu import cpu_compiler_options, program_platform, weights_dtype
@@ -69,10 +69,10 @@ class Slots(NamedTuple):
 
 def target_body(target: DecodingModel, config: DecodeConfig, params, encoded, sampling: SamplingParams):
     """The target alone's iteration over slots, ``SpecState -> SpecState``: one token per unfinished row at its own
-    position. The same per-row arithmetic as ``temperature_sample``'s step (its key split, ``sample_next``, the
-    EOS and length rules), so a row's tokens equal that call's for the row's key; ``target_calls`` counts the
-    row's tokens."""
-    from specjax.decoding.baseline import sample_next
+    position. The same per-row arithmetic as ``temperature_sample``'s step (its ``STEP_WINDOW`` tokens, key split,
+    ``sample_next``, the EOS and length rules), so a row's tokens equal that call's for the row's key;
+    ``target_calls`` counts the row's tokens."""
+    from specjax.decoding.baseline import STEP_WINDOW, sample_next
 
     T, pad_id = config.max_decode_length, target.pad_id
 
@@ -80,7 +80,8 @@ def target_body(target: DecodingModel, config: DecodeConfig, params, encoded, sa
         n = state.positions
         b = n.shape[0]
         with jax.named_scope("step"):
-            tokens = decoder_input_at(state.sequences, n, pad_id)[:, None]  # [b, 1]
+            token_b1 = decoder_input_at(state.sequences, n, pad_id)[:, None]
+            tokens = jnp.tile(token_b1, (1, STEP_WINDOW))  # [b, 2]: the input and a filler, as temperature_sample
             logits, cache = target.decode(params, encoded, tokens, state.target_cache, n)
         with jax.named_scope("sample"):
             next_keys, sample_keys = split_rows(state.keys, 2)
@@ -298,6 +299,6 @@ class SlotPrograms:
                 state = state._replace(counters=state.counters._replace(accepted_per_position=per_position))
                 return slots._replace(state=state), i
 
-            options = self._options(target_params, self.batch * (gamma + 1))
+            options = self._options(target_params, self.batch * max(gamma + 1, 2))  # γ 0: STEP_WINDOW tokens
             self._run[key] = jax.jit(program, donate_argnums=(0,), compiler_options=options)
         return self._run[key](slots, jnp.int32(min_done), jnp.int32(max_iterations), target_params, draft_params)

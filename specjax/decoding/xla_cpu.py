@@ -30,6 +30,14 @@ trace of the small target's bfloat16 step showed XLA's default YNNPACK fusions t
 the log-softmax's max over [2048, 8000] logits alone 108 ms of a 1.6 s step; with YNNPACK for dots only the
 step measured 1.35 s against 1.45 s (median of 6, alternating; no YNNPACK at all: 2.84 s).
 
+Window invariance comes first, so the few-row options are a mode, off by default: XLA:CPU's own dot thunks run
+a float32 dot of 8 or more rows on another kernel than one of 2 to 7 rows when the contracted dimension is 1,024
+(the small target's MLP output), so a verification window of γ + 1 >= 8 tokens rounds differently from the
+target alone's step and greedy speculative output can part from it (docs/performance.md, "Window invariance").
+XLA's defaults ran every float32 dot of 2 to 32 rows of the small target on one kernel (windows and steps equal bit
+for bit at γ 3, 7 and 8). ``SPECJAX_XLA_CPU_OPTIONS=few-row-dots`` turns the options back on for batch-1 float32
+programs, for speed where bit-for-bit greedy identity matters less (``FEW_ROW_DOTS_MODE``).
+
 The options are per program (``jax.jit(..., compiler_options=...)``), so nothing global changes. They are not
 used: on any backend but CPU; when ``XLA_FLAGS`` mentions one of them (the user's choice wins); when
 ``SPECJAX_XLA_CPU_OPTIONS=0``; inside a user's ``jax.jit`` / ``shard_map`` / ``pmap`` (XLA takes compile
@@ -45,6 +53,8 @@ import jax
 import jax.numpy as jnp
 
 __all__ = [
+    "FEW_ROW_DOTS_MODE",
+    "few_row_dots",
     "SMALL_DOT_BATCH",
     "SMALL_DOT_ROWS",
     "SMALL_DOT_OPTIONS",
@@ -68,10 +78,20 @@ TRAIN_STEP_OPTIONS = ((YNN_FUSION_OPTION, "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"),
 """YNNPACK for each dot, none of its reduction or elementwise fusions (the training step; see above)."""
 
 
+FEW_ROW_DOTS_MODE = "few-row-dots"
+"""``SPECJAX_XLA_CPU_OPTIONS`` value that compiles batch-1 float32 decode programs with ``SMALL_DOT_OPTIONS``
+(faster few-row dots; a window of 8 or more rows may then round differently from a step: see above)."""
+
+
 def _user_chose(options) -> bool:
     """True when ``SPECJAX_XLA_CPU_OPTIONS=0`` or ``XLA_FLAGS`` names one of ``options`` (the user decides)."""
     flags = os.environ.get("XLA_FLAGS", "")
     return os.environ.get("SPECJAX_XLA_CPU_OPTIONS", "1") == "0" or any(name in flags for name, _ in options)
+
+
+def few_row_dots() -> bool:
+    """True when ``SPECJAX_XLA_CPU_OPTIONS=few-row-dots`` asks for ``SMALL_DOT_OPTIONS`` (off by default)."""
+    return os.environ.get("SPECJAX_XLA_CPU_OPTIONS", "") == FEW_ROW_DOTS_MODE
 
 
 def _top_level() -> bool:
@@ -88,12 +108,14 @@ def cpu_compiler_options(rows: int, dtype=jnp.float32, platform: str | None = No
     (``b × window``) of ``dtype`` (the target's weights' dtype), compiled for ``platform`` ("cpu", "tpu", "gpu";
     None: JAX's default backend).
 
-    Returns ``dict(SMALL_DOT_OPTIONS)`` for a CPU program with ``batch <= SMALL_DOT_BATCH``, ``rows <=
-    SMALL_DOT_ROWS`` and a float32 ``dtype``, else None (XLA's defaults); None for other platforms, when
-    ``XLA_FLAGS`` names one of the options, or when ``SPECJAX_XLA_CPU_OPTIONS=0``.
+    Returns ``dict(SMALL_DOT_OPTIONS)`` with ``SPECJAX_XLA_CPU_OPTIONS=few-row-dots`` (``FEW_ROW_DOTS_MODE``) for
+    a CPU program with ``batch <= SMALL_DOT_BATCH``, ``rows <= SMALL_DOT_ROWS`` and a float32 ``dtype``, else None
+    (XLA's defaults, the window-invariant path); None for other platforms, when ``XLA_FLAGS`` names one of the
+    options, or when ``SPECJAX_XLA_CPU_OPTIONS=0``.
     """
     if (
-        _user_chose(SMALL_DOT_OPTIONS)
+        not few_row_dots()
+        or _user_chose(SMALL_DOT_OPTIONS)
         or batch > SMALL_DOT_BATCH
         or rows > SMALL_DOT_ROWS
         or jnp.dtype(dtype) != jnp.float32

@@ -111,6 +111,35 @@ class T5Decoding:
         run_decoder = t5.decode_scanned if self.scan_layers else t5.decode
         return run_decoder(self.config, params, encoded, tokens, cache, positions, self.slice_rows)
 
+    def decode_branches(self, params, encoded, tokens, cache, positions):
+        """int32[b, k, w] branches at int32[b] -> (float32 logits [b, k, w, v], window): every branch over the
+        committed cache and its own tokens, the cache unchanged (``specjax.models.t5.decode_branches``, or
+        ``t5.decode_branches_scanned`` with ``scan_layers``)."""
+        run = t5.decode_branches_scanned if self.scan_layers else t5.decode_branches
+        return run(self.config, params, encoded, tokens, cache, positions)
+
+    def commit_branch(self, cache, window, branch, positions, width: int):
+        """Writes branch int32[b] (``width`` tokens) of a ``decode_branches`` window at int32[b] into the cache
+        (``specjax.models.t5.commit_branch``; ``slice_rows`` passed on)."""
+        return t5.commit_branch(cache, window, branch, positions, width, self.slice_rows)
+
+    def fork_rows(self, tree, k: int):
+        """A cache or ``t5.Encoded`` with every row repeated ``k`` times (row ``i``'s copies at ``i·k .. i·k+k-1``):
+        a copy, [.., b, ..] -> [.., b·k, ..] (the batch axis is 1 for stacked arrays, else 0; the encoder mask
+        [b, s] is never stacked)."""
+        axis = 1 if self.scan_layers else 0
+        rep = lambda x: jnp.repeat(x, k, axis=axis)
+        if isinstance(tree, t5.Encoded):
+            return t5.Encoded(
+                jnp.repeat(tree.mask, k, axis=0), jax.tree.map(rep, tree.cross_k), jax.tree.map(rep, tree.cross_v)
+            )
+        return jax.tree.map(rep, tree)
+
+    def take_rows(self, cache, rows):
+        """The cache's rows int32[b'] (a gather along the batch axis): [.., b, ..] -> [.., b', ..]."""
+        axis = 1 if self.scan_layers else 0
+        return jax.tree.map(lambda x: jnp.take(x, rows, axis=axis), cache)
+
     def init_cache(self, batch, length):
         """An empty cache for ``batch`` rows and ``length`` positions (``specjax.models.t5.init_cache``; stacked
         arrays [l, b, n, L, h] with ``scan_layers``)."""

@@ -55,6 +55,10 @@ __all__ = [
     "stacked_logical_axes",
     "encode_scanned",
     "decode_scanned",
+    "BranchWindow",
+    "decode_branches",
+    "decode_branches_scanned",
+    "commit_branch",
 ]
 
 Params = Any
@@ -99,6 +103,21 @@ class KVCache(NamedTuple):
 
     k: tuple[jax.Array, ...]
     v: tuple[jax.Array, ...]
+
+
+class BranchWindow(NamedTuple):
+    """The keys/values a branch window computed (``decode_branches``), not yet in the cache.
+
+    ``m = k · w`` query rows per batch row, branch-major (row ``j · w + i`` is branch ``j``'s ``i``-th token).
+
+    Attributes:
+      k: tuple of l arrays [b, m, n, h] (stacked: one array [l, b, m, n, h]), the window's self-attention keys.
+      v: values, as ``k``.
+    ``commit_branch`` writes one branch's ``w`` entries into the cache.
+    """
+
+    k: Any
+    v: Any
 
 
 # Logical axis names of every leaf (``specjax.parallel`` maps them to mesh axes).
@@ -213,6 +232,34 @@ def _bf16_dense_matmul_bwd(residuals, g):
 _bf16_dense_matmul.defvjp(_bf16_dense_matmul_fwd, _bf16_dense_matmul_bwd)
 
 
+def fixed_order_sum(x):
+    """The sum of ``x`` [..., m] over its last axis in one fixed order: a halving tree of elementwise adds.
+
+    The last axis is zero-padded to the next power of two ``w``, then ``x[..., :w/2] + x[..., w/2:]`` is taken
+    until one column is left. Elementwise adds are never reassociated by XLA, so every row's sum is the same
+    bits whatever the other dimensions are: the number of rows in a call (a one-token step or a window of γ + 1),
+    the batch, and the width ``m`` itself as long as entries past a row's real ones are zeros (masked attention
+    weights are exactly 0). XLA's own reductions pick a vectorisation from the whole shape (XLA:CPU: across the
+    rows when there are enough of them, along the reduced axis otherwise), which rounds a row's sum differently
+    in a window than in a step. Returns [...], in ``x``'s dtype.
+    """
+    m = x.shape[-1]
+    w = 1 << max(m - 1, 0).bit_length()
+    if w != m:
+        x = jnp.pad(x, ((0, 0),) * (x.ndim - 1) + ((0, w - m),))
+    while w > 1:
+        w //= 2
+        x = x[..., :w] + x[..., w:]
+    return x[..., 0]
+
+
+def fixed_order_softmax(scores):
+    """``softmax(scores)`` over the last axis with its denominator summed by ``fixed_order_sum``: each row's
+    weights are the same bits in a window and in a one-token step (the max is exact in any order)."""
+    shifted = jnp.exp(scores - jax.lax.stop_gradient(jnp.max(scores, axis=-1, keepdims=True)))
+    return shifted / fixed_order_sum(shifted)[..., None]
+
+
 def _param(module: nn.Module, name: str, init, shape, axes, dtype):
     return module.param(name, nn.with_logical_partitioning(init, axes), shape, dtype)
 
@@ -227,7 +274,8 @@ class RMSNorm(nn.Module):
         cfg = self.config
         scale = _param(self, "scale", nn.initializers.ones, (x.shape[-1],), ("embed",), cfg.weight_dtype)
         x32 = x.astype(jnp.float32)
-        y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + cfg.layer_norm_epsilon)
+        mean_square = fixed_order_sum(jnp.square(x32))[..., None] / x32.shape[-1]  # the same bits in any window
+        y = x32 * jax.lax.rsqrt(mean_square + cfg.layer_norm_epsilon)
         return (y * scale.astype(jnp.float32)).astype(cfg.compute_dtype)
 
 
@@ -350,13 +398,41 @@ class Projections(nn.Module):
         scores = jnp.einsum(
             "bnth,bnhs->bnts" if keys_hs else "bnth,bnsh->bnts", q_bnth, k_bnsh, preferred_element_type=jnp.float32
         )
-        weights = _dropout(self, jax.nn.softmax(scores + bias_bnts, axis=-1), self.dropout_rate, (-2,))
+        weights = _dropout(self, fixed_order_softmax(scores + bias_bnts), self.dropout_rate, (-2,))
         weights = weights.astype(cfg.compute_dtype)
         # Values wider than the compute dtype (a float32 cache of a bfloat16 model) give the same products; the
         # output is rounded once to the compute dtype, as the compute-dtype dot rounds its float32 sums.
         out_bnth = jnp.einsum("bnts,bnsh->bnth", weights, v_bnsh).astype(cfg.compute_dtype)
         out_btnh = jnp.swapaxes(out_bnth, 1, 2)
         return self.out(out_btnh.reshape(out_btnh.shape[:2] + (cfg.num_heads * cfg.head_dim,)))
+
+
+def _attend_window(
+    proj: "Projections", q_btnh, cache_k_bnLh, cache_v_bnLh, cache_bias, win_k_btnh, win_v_btnh, win_bias
+):
+    """Softmax attention over the cache's slots and the window's own keys at once (one softmax over both)
+    -> [b, t, d]; ``Projections.attend`` with the window's keys/values held apart instead of written into the
+    cache, so a branch window reads the committed prefix without copying it (``decode_branches``).
+
+    cache_k/v [b, n, L, h], cache_bias float32 [b, n, t, L]; win_k/v [b, t, n, h] (the queries' own rows),
+    win_bias float32 [b or 1, n, t, t].
+    """
+    cfg = proj.config
+    q_bnth = jnp.swapaxes(q_btnh, 1, 2)
+    win_k_bnth = jnp.swapaxes(win_k_btnh, 1, 2)
+    win_v_bnth = jnp.swapaxes(win_v_btnh, 1, 2)
+    cache_scores = jnp.einsum("bnth,bnsh->bnts", q_bnth, cache_k_bnLh, preferred_element_type=jnp.float32)
+    win_scores = jnp.einsum(
+        "bnth,bnsh->bnts", q_bnth, win_k_bnth.astype(q_bnth.dtype), preferred_element_type=jnp.float32
+    )
+    length = cache_scores.shape[-1]
+    weights = jax.nn.softmax(jnp.concatenate([cache_scores + cache_bias, win_scores + win_bias], axis=-1), axis=-1)
+    weights = weights.astype(cfg.compute_dtype)
+    out_bnth = jnp.einsum("bnts,bnsh->bnth", weights[..., :length], cache_v_bnLh) + jnp.einsum(
+        "bnts,bnsh->bnth", weights[..., length:], win_v_bnth.astype(cfg.compute_dtype)
+    )
+    out_btnh = jnp.swapaxes(out_bnth.astype(cfg.compute_dtype), 1, 2)
+    return proj.out(out_btnh.reshape(out_btnh.shape[:2] + (cfg.num_heads * cfg.head_dim,)))
 
 
 _ACTIVATIONS = {
@@ -496,6 +572,33 @@ class DecoderLayer(nn.Module):
         return x, (k, v)
 
 
+def _layer_branches(layer: "DecoderLayer", x, cache_kv, cache_bias, win_bias, cross_kv, cross_bias):
+    """One decoder block over a branch window (inference only): x [b, m, d], cache (k, v) [b, n, L, h] read,
+    never written -> (x [b, m, d], the window's (keys, values) [b, m, n, h]). ``DecoderLayer.__call__`` with
+    the self-attention of ``_attend_window``."""
+    with jax.named_scope("self_attention"):
+        y = layer.pre_self_attention_layer_norm(x)
+        new_k, new_v = layer.self_attention.kv(y)
+        x = x + _attend_window(
+            layer.self_attention,
+            layer.self_attention.q(y),
+            cache_kv[0],
+            cache_kv[1],
+            cache_bias,
+            new_k,
+            new_v,
+            win_bias,
+        )
+    with jax.named_scope("cross_attention"):
+        y = layer.pre_cross_attention_layer_norm(x)
+        x = x + layer.encoder_decoder_attention.attend(
+            layer.encoder_decoder_attention.q(y), cross_kv[0], cross_kv[1], cross_bias, keys_hs=True
+        )
+    with jax.named_scope("mlp"):
+        x = x + layer.mlp(layer.pre_mlp_layer_norm(x))
+    return x, (new_k, new_v)
+
+
 class Encoder(nn.Module):
     """Token embeddings [b, s, d] and mask bool[b, s] -> final encoder states [b, s, d] (after RMSNorm)."""
 
@@ -590,6 +693,32 @@ class Decoder(nn.Module):
             new_v.append(lv)
         return self.head(x_bkd, embedder), KVCache(tuple(new_k), tuple(new_v))
 
+    def branches(self, x_bmd, positions_b, width: int, cache: KVCache, encoded: Encoded, embedder):
+        """A branch window (``decode_branches``): x [b, m, d] -> (float32 logits [b, m, v], ``BranchWindow``)."""
+        cache_len = cache.k[0].shape[2]
+        cache_col, win_col, table_len = _branch_columns(positions_b, x_bmd.shape[1], width, cache_len)
+
+        def biases(relpos):  # ([b, n, m, L] over the cache, [1, n, m, m] over the window)
+            return _causal_bias(relpos, cache_col, table_len), _causal_bias(relpos, win_col, table_len)
+
+        shared = None if self.config.per_layer_relpos_bias else biases(self.relpos_bias)
+        cross_bias = jnp.where(encoded.mask[:, None, None, :], 0.0, NEG_INF)  # [b, 1, 1, s]
+        new_k, new_v = [], []
+        for i, layer in enumerate(self.layers):
+            cache_bias, win_bias = shared if shared is not None else biases(layer.relpos_bias)
+            x_bmd, (lk, lv) = _layer_branches(
+                layer,
+                x_bmd,
+                (cache.k[i], cache.v[i]),
+                cache_bias,
+                win_bias,
+                (encoded.cross_k[i], encoded.cross_v[i]),
+                cross_bias,
+            )
+            new_k.append(lk)
+            new_v.append(lv)
+        return self.head(x_bmd, embedder), BranchWindow(tuple(new_k), tuple(new_v))
+
     def head(self, x_bkd, embedder):
         """The last layer's output [b, k, d] -> final norm -> float32 logits [b, k, v]."""
         cfg = self.config
@@ -601,6 +730,25 @@ class Decoder(nn.Module):
         if cfg.scales_logits:  # d**-0.5 (T5 1.0's tied head; transformers scale_decoder_outputs)
             logits = logits / jnp.sqrt(jnp.asarray(y.shape[-1], jnp.float32)).astype(y.dtype)
         return logits.astype(jnp.float32)
+
+
+def _branch_columns(positions_b, m: int, width: int, cache_len: int):
+    """Columns of ``RelativePositionBias.causal_table(table_len)`` for a branch window of ``m = k · w`` query rows
+    (row ``j · w + i``: branch ``j``, depth ``i``, decoder position ``positions_b + i``): (cache columns int32
+    [b, m, L]: the distance to slot ``c`` for the committed slots ``c < positions_b``, the masked column for
+    later (stale) slots; window columns int32 [1, m, m]: the depth difference to the same branch's earlier or
+    own rows, masked elsewhere; table_len = L + w)."""
+    table_len = cache_len + width
+    row = jnp.arange(m, dtype=jnp.int32)
+    depth, branch = row % width, row // width
+    query_pos = positions_b[:, None] + depth[None, :]  # [b, m]
+    slot = jnp.arange(cache_len, dtype=jnp.int32)
+    cache_col = jnp.where(
+        slot[None, None, :] < positions_b[:, None, None], query_pos[:, :, None] - slot[None, None, :], table_len
+    )
+    gap = depth[:, None] - depth[None, :]
+    win_col = jnp.where((branch[:, None] == branch[None, :]) & (gap >= 0), gap, table_len)[None]
+    return cache_col, win_col, table_len
 
 
 def _causal_bias(relpos_bias: RelativePositionBias, column_bkL, table_len: int):
@@ -703,6 +851,11 @@ class Transformer(nn.Module):
 
     def decode(self, encoded, tokens, cache, positions):
         return self.decoder(self.token_embedder(tokens), positions, cache, encoded, self.token_embedder)
+
+    def decode_branches(self, encoded, tokens_bm, cache, positions, width: int):
+        return self.decoder.branches(
+            self.token_embedder(tokens_bm), positions, width, cache, encoded, self.token_embedder
+        )
 
     def __call__(self, encoder_input_tokens, decoder_input_tokens):
         _, encoded = self.encode(encoder_input_tokens)
@@ -1248,6 +1401,175 @@ def decode_scanned(
 
 
 # ----------------------------------------------------------------------------------------------------------
+# Branch windows: k draft continuations of one row scored in one call (multi-draft verification)
+
+
+def _check_branch_tokens(tokens):
+    if np.ndim(tokens) != 3:
+        raise ValueError(
+            f"decode_branches takes tokens int32[b, k, w] (k branches of w tokens), got shape {np.shape(tokens)}."
+        )
+
+
+def decode_branches(config: T5Config, params: Params, encoded: Encoded, tokens, cache: KVCache, positions):
+    """Scores ``k`` branches of ``w`` decoder tokens per row in one call, without writing the cache.
+
+    Branch ``j`` of row ``b`` holds tokens ``tokens[b, j, 0..w-1]`` at decoder positions ``positions[b] ..
+    positions[b] + w - 1``. Every branch attends to the row's committed cache slots ``< positions[b]`` (read,
+    never copied: a cache slot at or past the position is stale and masked) and to its own earlier tokens
+    and itself (a tree mask over the ``m = k · w`` query rows), with T5's relative position bias of the
+    true distances; all branches share the row's one cross-attention memory (``encoded``: no copy per branch).
+    A branch gives the logits a chain window ``decode`` of its ``w`` tokens would (up to float rounding: the
+    softmax runs over the cache and the window apart from each other's order).
+    Keep one branch's keys/values with ``commit_branch``.
+
+    Args:
+      config, params: the model (unstacked parameters).
+      encoded: from ``encode``.
+      tokens: int32[b, k, w] decoder input tokens of each branch.
+      cache: ``KVCache`` (tuples of l arrays [b, n, L, h]), holding each row's slots ``< positions``.
+      positions: int32[b], the decoder position of each branch's first token.
+    Returns:
+      (logits float32[b, k, w, v], ``BranchWindow`` with keys/values tuples of l arrays [b, k · w, n, h]).
+    Raises:
+      ValueError: tokens that are not [b, k, w].
+    """
+    _check_branch_tokens(tokens)
+    tokens = jnp.asarray(tokens, jnp.int32)
+    b, k, w = tokens.shape
+    logits, window = Transformer(config).apply(
+        {"params": params},
+        encoded,
+        tokens.reshape(b, k * w),
+        cache,
+        jnp.asarray(positions, jnp.int32),
+        w,
+        method=Transformer.decode_branches,
+    )
+    return logits.reshape(b, k, w, -1), window
+
+
+def _branch_embed(module: "Transformer", tokens_bm):
+    return module.token_embedder(tokens_bm)
+
+
+def _layer_branches_apply(layer: "DecoderLayer", x, cache_kv, cache_bias, win_bias, cross_kv, cross_bias):
+    return _layer_branches(layer, x, cache_kv, cache_bias, win_bias, cross_kv, cross_bias)
+
+
+def _layer_relpos_bias(layer: "DecoderLayer", column, table_len: int):
+    return _causal_bias(layer.relpos_bias, column, table_len)
+
+
+def _stack_relpos_bias(module: "Transformer", column, table_len: int):
+    return _causal_bias(module.decoder.relpos_bias, column, table_len)
+
+
+def decode_branches_scanned(config: T5Config, params: Params, encoded: Encoded, tokens, cache: KVCache, positions):
+    """``decode_branches`` with the layers under ``lax.scan`` (stacked parameters, memory and cache): the same
+    contract and values; the window's keys/values come back stacked, [l, b, k · w, n, h].
+
+    Raises:
+      ValueError: unstacked parameters; tokens that are not [b, k, w].
+    """
+    _check_branch_tokens(tokens)
+    decoder_layers = _layers_of(params, "decoder")
+    tokens = jnp.asarray(tokens, jnp.int32)
+    b, k, w = tokens.shape
+    positions = jnp.asarray(positions, jnp.int32)
+    model = Transformer(config)
+    cache_len = cache.k.shape[-2]
+    x_bmd = model.apply({"params": params}, tokens.reshape(b, k * w), method=_branch_embed)
+    cache_col, win_col, table_len = _branch_columns(positions, k * w, w, cache_len)
+    cross_bias = jnp.where(encoded.mask[:, None, None, :], 0.0, NEG_INF)
+    shared = None
+    if not config.per_layer_relpos_bias:
+        shared = (
+            model.apply({"params": params}, cache_col, table_len, method=_stack_relpos_bias),
+            model.apply({"params": params}, win_col, table_len, method=_stack_relpos_bias),
+        )
+    layer = DecoderLayer(config, parent=None)
+
+    def decoder_layer(x, xs):
+        layer_params, cache_k, cache_v, cross_k, cross_v = xs
+        layer_params = _untranspose_layer("decoder", layer_params)
+        if shared is None:  # umT5: this layer's own table
+            biases = tuple(
+                layer.apply({"params": layer_params}, col, table_len, method=_layer_relpos_bias)
+                for col in (cache_col, win_col)
+            )
+        else:
+            biases = shared
+        x, new_kv = layer.apply(
+            {"params": layer_params},
+            x,
+            (cache_k, cache_v),
+            biases[0],
+            biases[1],
+            (cross_k, cross_v),
+            cross_bias,
+            method=_layer_branches_apply,
+        )
+        return x, new_kv
+
+    x_bmd, (win_k, win_v) = jax.lax.scan(
+        decoder_layer, x_bmd, (decoder_layers, cache.k, cache.v, encoded.cross_k, encoded.cross_v)
+    )
+    logits = model.apply({"params": params}, x_bmd, method=_decoder_head)
+    return logits.reshape(b, k, w, -1), BranchWindow(win_k, win_v)
+
+
+def commit_branch(cache: KVCache, window: BranchWindow, branch, positions, width: int, slice_rows: bool = False):
+    """Writes branch ``branch[b]``'s ``w`` keys/values of a ``decode_branches`` window into each row's slots
+    ``positions[b] .. positions[b] + w - 1`` (slots past ``L`` dropped, never clamped): afterwards the cache is
+    what a chain ``decode`` of that branch's tokens would have left. Fixed shapes, in place: a scatter, or with
+    ``slice_rows`` one ``dynamic_update_slice`` per row (``_write_window``; one-row windows).
+
+    Args:
+      cache: ``KVCache``, tuples of l arrays [b, n, L, h] or stacked arrays [l, b, n, L, h].
+      window: ``BranchWindow`` of the same layout, keys/values [(l,) b, k · w, n, h].
+      branch: int32[b] in [0, k), the branch kept per row. positions: int32[b]. width: ``w``.
+      slice_rows: see ``decode``.
+    Returns:
+      the updated ``KVCache``.
+    """
+    branch = jnp.asarray(branch, jnp.int32)
+    positions = jnp.asarray(positions, jnp.int32)
+    stacked = not isinstance(cache.k, tuple)
+
+    def pick(win):  # [(l,) b, k · w, n, h] -> [(l,) b, w, n, h]
+        lead = win.shape[:-4]
+        b, m, n, h = win.shape[-4:]
+        kw = win.reshape(lead + (b, m // width, width, n, h))
+        idx = branch.reshape((1,) * len(lead) + (b, 1, 1, 1, 1))
+        return jnp.take_along_axis(kw, idx, axis=-4)[..., 0, :, :, :]
+
+    def write(c, new):  # c [(l,) b, n, L, h], new [(l,) b, w, n, h]
+        b, length = c.shape[-4], c.shape[-2]
+        if stacked:
+            if _slices_fit(slice_rows, b, width, length):
+                for i in range(c.shape[0]):
+                    c = _write_window(c, new[i], positions, layer=i)
+                return c
+            rows = jnp.arange(b)[:, None]
+            query_pos = positions[:, None] + jnp.arange(width, dtype=jnp.int32)[None, :]
+            # Advanced indices around slices: the update is [b, w, l, n, h].
+            return c.at[:, rows, :, query_pos].set(jnp.moveaxis(new, 0, 2).astype(c.dtype), mode="drop")
+        if _slices_fit(slice_rows, b, width, length):
+            return _write_window(c, new, positions)
+        rows = jnp.arange(b)[:, None]
+        query_pos = positions[:, None] + jnp.arange(width, dtype=jnp.int32)[None, :]
+        return c.at[rows, :, query_pos].set(new.astype(c.dtype), mode="drop")
+
+    if stacked:
+        return KVCache(write(cache.k, pick(window.k)), write(cache.v, pick(window.v)))
+    return KVCache(
+        tuple(write(c, pick(x)) for c, x in zip(cache.k, window.k)),
+        tuple(write(c, pick(x)) for c, x in zip(cache.v, window.v)),
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------
 # The user-facing model object
 
 
@@ -1347,8 +1669,11 @@ class T5Model:
         if cached is not None:
             return cached
         params = self._decode_params()
-        stacked = stack_layers(self.config, params)
-        if not any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(params)):
+        if _any_tracer(params):  # a T5Model argument of a user's jit: stacked inside that trace, never kept
+            return stack_layers(self.config, params)
+        with jax.ensure_compile_time_eval():  # concrete even when called under a user's trace (a closed-over model)
+            stacked = stack_layers(self.config, params)
+        if not _any_tracer(stacked):
             object.__setattr__(self, "_decode_stacked_params_cache", stacked)  # frozen dataclass: a cache
         return stacked
 
@@ -1383,11 +1708,20 @@ class T5Model:
         if isinstance(table, jax.ShapeDtypeStruct):  # abstract parameters (ahead of time): the copy's shape
             copy = jax.ShapeDtypeStruct(table.shape, jnp.float32, sharding=table.sharding)
         else:
-            copy = jnp.asarray(table, jnp.float32)
+            # A concrete array even when this runs under a user's trace (a model closed over in their jax.jit):
+            # a copy made inside the trace would be a tracer, kept here and leaked into the next call.
+            with jax.ensure_compile_time_eval():
+                copy = jnp.asarray(table, jnp.float32)
         embedder = dict(params["token_embedder"], embedding=copy)
         decode_params = dict(params, token_embedder=embedder)
-        object.__setattr__(self, "_decode_params_cache", decode_params)  # frozen dataclass: a cache, not a field
+        if not _any_tracer(decode_params):  # cache only concrete (or abstract) arrays (STYLE.md item 23)
+            object.__setattr__(self, "_decode_params_cache", decode_params)  # frozen dataclass: a cache, not a field
         return decode_params
+
+
+def _any_tracer(tree) -> bool:
+    """Whether any leaf of ``tree`` is a tracer (a value inside a ``jax.jit`` / ``vmap`` / ``shard_map`` trace)."""
+    return any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(tree))
 
 
 def _stacked_copy_fits(params, memory_stats=lambda device: device.memory_stats()) -> bool:

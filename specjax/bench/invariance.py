@@ -1,0 +1,76 @@
+"""Window invariance, measured: does a verification window give the logits the target alone's step gives?
+
+Speculative sampling's greedy output equals the target alone's only if, at every position, the target's logits
+from a window of γ + 1 tokens are the logits its one-token step gives (``decoding/baseline.py``,
+``STEP_WINDOW``). ``window_step_mismatch`` feeds the same decoder tokens both ways, with the caches, window
+sizes and XLA:CPU compile options the two loops use, and counts the logits that differ. Used by
+``tests/test_window_invariance.py`` and ``benchmarks/accelerator_check.py`` (TPU / GPU, where the dot kernels
+are the compiler's to pick).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.decoding.baseline import STEP_WINDOW
+from specjax.decoding.model import as_decoding_model
+from specjax.decoding.xla_cpu import cpu_compiler_options, program_platform, weights_dtype
+
+__all__ = ["window_step_mismatch"]
+
+
+def window_step_mismatch(target, encoder_input_tokens, gamma: int, max_decode_length: int, seed: int = 0) -> dict:
+    """Counts the logits that differ between a speculative loop's windows and the target alone's steps.
+
+    Decoder inputs are ``T + γ + 1`` random token ids per row (``seed``). The target alone's way: one call per
+    position ``i < T``, fed ``STEP_WINDOW`` tokens at ``i``, on a cache of ``T + 1`` slots, keeping the first
+    logits. The speculative way: windows of ``γ + 1`` tokens on a cache of ``T + γ + 1`` slots, the next window
+    starting ``1 .. γ + 1`` positions later (drawn with ``seed``, as ragged acceptance would), each position's
+    logits taken from the first window that emitted it. Each compiled with the compile options its loop uses
+    (``decoding/xla_cpu.py``) for the platform the parameters live on.
+
+    Args:
+      target: a ``T5Model`` or ``(DecodingModel, params)``.
+      encoder_input_tokens: int32[b, s].
+      gamma: γ >= 1. max_decode_length: ``T`` >= 1 (positions compared).
+    Returns:
+      dict: ``differ`` (logits that differ, of ``total`` = b x T x v), ``argmax_differ`` (positions whose argmax
+      differs, of b x T), ``max_abs`` (largest absolute difference), ``dtype`` (the weights' dtype).
+    Raises:
+      ValueError: gamma or max_decode_length below 1.
+    """
+    if gamma < 1 or max_decode_length < 1:
+        raise ValueError(f"gamma and max_decode_length must be >= 1, got {gamma} and {max_decode_length}.")
+    fns, params = as_decoding_model(target, "target")
+    x = jnp.asarray(encoder_input_tokens, jnp.int32)
+    b, T = x.shape[0], max_decode_length
+    dtype, platform = weights_dtype(params), program_platform(params)
+
+    def compiled(rows):
+        return jax.jit(fns.decode, compiler_options=cpu_compiler_options(rows, dtype, platform, b))
+
+    tokens = jnp.asarray(np.random.default_rng(seed).integers(3, fns.vocab_size, (b, T + gamma + 1)), jnp.int32)
+    encoded = jax.jit(fns.encode)(params, x)
+    step, cache, steps = compiled(STEP_WINDOW * b), fns.init_cache(b, T + 1), []
+    for i in range(T):
+        fed = jnp.tile(tokens[:, i : i + 1], (1, STEP_WINDOW))
+        logits, cache = step(params, encoded, fed, cache, jnp.full((b,), i, jnp.int32))
+        steps.append(np.asarray(logits[:, 0]))
+    step_logits = np.stack(steps, 1)
+    window, cache = compiled((gamma + 1) * b), fns.init_cache(b, T + gamma + 1)
+    window_logits, n, ragged = np.zeros_like(step_logits), 0, np.random.default_rng(seed + 1)
+    while n < T:
+        logits, cache = window(params, encoded, tokens[:, n : n + gamma + 1], cache, jnp.full((b,), n, jnp.int32))
+        emitted = min(int(ragged.integers(1, gamma + 2)), T - n)
+        window_logits[:, n : n + emitted] = np.asarray(logits[:, :emitted])
+        n += emitted
+    diff = np.abs(window_logits - step_logits)
+    return {
+        "differ": int(np.sum(window_logits != step_logits)),
+        "total": int(step_logits.size),
+        "argmax_differ": int(np.sum(window_logits.argmax(-1) != step_logits.argmax(-1))),
+        "max_abs": float(diff.max()),
+        "dtype": jnp.dtype(dtype).name,
+    }
