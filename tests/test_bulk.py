@@ -157,3 +157,36 @@ def test_gamma_auto_picks_the_kind_from_costs(tiny_pair):  # noqa: F811
         assert (min(bulk.stats.gammas) > 0) == spec, bulk.stats.reasons
         for g, e in zip(got, expected):
             np.testing.assert_array_equal(g, e)
+
+
+def test_gamma_auto_falls_back_to_the_target_alone_when_alpha_is_low(tiny_pair):  # noqa: F811
+    """γ auto starts speculative on an optimistic α prior (0.5: γ 1 predicted 7 % faster than the target alone) and,
+    once the running α of the random pair's rows comes out low, re-chooses 0 (the target alone) for the rest of the
+    run; every line is still the target's greedy decode."""
+    from specjax.bulk import RECHOOSE_EVERY
+    from specjax.decoder import Costs
+
+    target, draft = tiny_pair
+    rows = [list(r[r != 0]) for r in _inputs(np.random.default_rng(1), 40, 5, 6)]
+    costs = Costs(step=(1.0,) * 4, draft=(0.0,) + (0.4,) * 3, encode=(0.0,) * 4)
+    bulk = BulkDecoder(
+        target,
+        draft,
+        batch_size=2,
+        gamma="auto",
+        max_decode_length=8,
+        candidates=(0, 1, 2, 3),
+        alpha_prior=0.5,
+        costs={2: costs},
+        cost_cache=False,
+    )
+    got = [r.tokens for r in bulk.generate(rows, temperature=0.0)]
+    assert bulk.stats.runs > 2 * RECHOOSE_EVERY
+    assert bulk.stats.alpha < 0.3, bulk.stats.alpha
+    assert bulk.stats.gammas.get(1, 0) > 0 and bulk.stats.gammas.get(0, 0) > 0, (bulk.stats.gammas, bulk.stats.reasons)
+    expected = [
+        r.tokens
+        for r in generate_iterable(target, None, rows, batch_size=2, gamma=0, max_decode_length=8, temperature=0.0)
+    ]
+    for g, e in zip(got, expected):
+        np.testing.assert_array_equal(g, e)
