@@ -66,10 +66,12 @@ def run_bulk(args) -> dict:
             gamma=gamma,
             max_decode_length=args.max_decode_length,
         )
+        cpu0 = time.process_time()
         outs = [r.tokens.tolist() for r in bulk.generate(rows, temperature=0.0, rng=0)]
         s = bulk.stats
         rounds.append(
             dict(
+                cpu=time.process_time() - cpu0,
                 seconds=s.seconds,
                 tokens=s.tokens,
                 lines=s.lines,
@@ -93,7 +95,7 @@ def run_static(args) -> dict:
     seed = jax.random.PRNGKey(0)
     rounds = []
     for _ in range(2):
-        t0, outs, first, tokens = time.perf_counter(), [], None, 0
+        t0, outs, first, tokens, cpu0 = time.perf_counter(), [], None, 0, time.process_time()
         for start in range(0, len(rows), args.batch):
             chunk = rows[start : start + args.batch]
             width = bucket_length(max(len(r) for r in chunk), 512)
@@ -116,7 +118,16 @@ def run_static(args) -> dict:
             if first is None:
                 first = time.perf_counter() - t0
         seconds = time.perf_counter() - t0
-        rounds.append(dict(seconds=seconds, tokens=tokens, lines=len(rows), first_line=first, alpha=None))
+        rounds.append(
+            dict(
+                cpu=time.process_time() - cpu0,
+                seconds=seconds,
+                tokens=tokens,
+                lines=len(rows),
+                first_line=first,
+                alpha=None,
+            )
+        )
     return dict(engine=f"static γ {args.static_gamma}", cold=rounds[0], warm=rounds[1], outputs=outs)
 
 
@@ -136,7 +147,7 @@ def run_ct2(args) -> dict:
             translator = ctranslate2.Translator(path, device="cpu", compute_type=compute_type, intra_threads=threads)
             for batch in args.ct2_batches if compute_type == "float32" else [args.batch]:
                 for _round in range(2):
-                    t0, first, outs = time.perf_counter(), None, []
+                    t0, first, outs, cpu0 = time.perf_counter(), None, [], time.process_time()
                     for res in translator.translate_iterable(
                         src,
                         max_batch_size=batch,
@@ -148,8 +159,10 @@ def run_ct2(args) -> dict:
                             first = time.perf_counter() - t0
                         outs.append([int(t[3:-1]) for t in res.hypotheses[0]])
                     seconds = time.perf_counter() - t0
+                    cpu = time.process_time() - cpu0
                 tokens = sum(len(o) for o in outs)
                 rec = dict(
+                    cpu=cpu,
                     compute_type=compute_type,
                     threads=threads,
                     batch=batch,
@@ -191,12 +204,23 @@ def _drive(args) -> None:
         if args.data:
             cmd += ["--data", args.data]
         print("running:", " ".join(cmd), file=sys.stderr, flush=True)
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            print(proc.stderr[-4000:], file=sys.stderr)
-            raise SystemExit(f"engine {name} failed")
-        engines.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-    _report(args, engines)
+        engines.append((spec, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
+        if not args.concurrent:
+            engines[-1] = _finish(*engines[-1], args)
+    _report(args, [e if isinstance(e, dict) else _finish(*e, args) for e in engines])
+
+
+def _finish(spec: str, proc, args) -> dict:
+    """The JSON an engine process printed (also kept as ``--out``'s name + ``.SPEC.json``)."""
+    out, err = proc.communicate()
+    if proc.returncode != 0:
+        print(err[-4000:], file=sys.stderr)
+        raise SystemExit(f"engine {spec} failed")
+    result = json.loads(out.strip().splitlines()[-1])
+    if args.out:
+        with open(f"{args.out}.{spec.replace(':', '_')}.json", "w", encoding="utf-8") as f:
+            json.dump(result, f)
+    return result
 
 
 def _report(args, engines) -> None:
@@ -214,8 +238,10 @@ def _report(args, engines) -> None:
         "own process; the second of two rounds in the process is reported (the first compiles); peak RSS is the "
         "process's. Command: `python benchmarks/bulk_bench.py " + " ".join(sys.argv[1:]) + "`.",
         "",
-        "| engine | tokens/s | lines/s | first line (s) | cold first line (s) | peak RSS (MiB) | α | notes |",
-        "|---|---|---|---|---|---|---|---|",
+        "| engine | tokens/s | tokens per CPU-s | lines/s | first line (s) | cold first line (s) | peak RSS (MiB) "
+        "| α | "
+        "notes |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for e in engines:
         w = e["warm"]
@@ -227,7 +253,8 @@ def _report(args, engines) -> None:
             notes = f"best: {w['compute_type']}, {w['threads']} threads, max_batch_size {w['batch']}"
         alpha = f"{w['alpha']:.3f}" if w.get("alpha") == w.get("alpha") and w.get("alpha") is not None else "–"
         lines.append(
-            f"| {e['engine']} | {w['tokens'] / w['seconds']:.0f} | {w['lines'] / w['seconds']:.2f} | "
+            f"| {e['engine']} | {w['tokens'] / w['seconds']:.0f} | {w['tokens'] / w['cpu']:.0f} | "
+            f"{w['lines'] / w['seconds']:.2f} | "
             f"{w['first_line']:.1f} | {cold if cold is None else round(cold, 1)} | {e['rss_mib']:.0f} | {alpha} | "
             f"{notes} |"
         )
@@ -235,8 +262,8 @@ def _report(args, engines) -> None:
         for rec in e.get("all", []):
             lines.append(
                 f"| ctranslate2 {rec['compute_type']} {rec['threads']}t b{rec['batch']} | "
-                f"{rec['tokens'] / rec['seconds']:.0f} | {rec['lines'] / rec['seconds']:.2f} | {rec['first_line']:.1f} "
-                f"| | | – | |"
+                f"{rec['tokens'] / rec['seconds']:.0f} | {rec['tokens'] / rec['cpu']:.0f} | "
+                f"{rec['lines'] / rec['seconds']:.2f} | {rec['first_line']:.1f} | | | – | |"
             )
     by = {e["engine"]: e["outputs"] for e in engines}
     lines.append("")
@@ -273,6 +300,12 @@ def main() -> None:
     p.add_argument("--ct2-batches", type=int, nargs="+", default=[16, 32, 64])
     p.add_argument("--data", default=None, help="input file (default: shared/data/wmt/newstest2014.en)")
     p.add_argument("--out", default=None)
+    p.add_argument(
+        "--concurrent",
+        action="store_true",
+        help="start every engine at once (on a machine shared with other jobs each then sees the same load; "
+        "compare tokens per CPU-second)",
+    )
     args = p.parse_args()
     if args.engine:
         result = {"bulk": run_bulk, "static": run_static, "ct2": run_ct2}[args.engine](args)
