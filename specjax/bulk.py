@@ -228,6 +228,7 @@ class BulkDecoder:
             self.max_gamma = int(gamma)
         self.stats = BulkStats()
         self._programs = None
+        self._gamma_now = None
 
     # --- inputs -------------------------------------------------------------------------------------------------
     def _check_row(self, index: int, row) -> np.ndarray:
@@ -281,7 +282,7 @@ class BulkDecoder:
         mean = float(np.mean(np.concatenate(lengths))) if lengths else max(self.max_decode_length / 4, 1.0)
         rates = self._rates(costs, alpha, mean, [g for g in kinds if g <= costs.max_gamma])
         best = max(rates, key=rates.get)
-        last = getattr(self, "_gamma_now", None)
+        last = self._gamma_now
         if last in rates and rates[best] <= rates[last] * (1 + SWITCH_MARGIN):
             best = last
         base = rates.get(0)
@@ -352,8 +353,7 @@ class BulkDecoder:
         slots = None
         finished: dict = {}  # index -> LineResult, waiting for an earlier line
         next_emit = start_index
-        gamma_now = None
-        self._gamma_now = None
+        gamma_now = self._gamma_now  # a later call goes on with the γ the last one ran
 
         def read_window():
             nonlocal exhausted
@@ -381,7 +381,7 @@ class BulkDecoder:
                     longest = max(len(r) for _, r in take)
                     need = _bucket(max(longest, 1), self.max_input_length)
                     if self._programs is None:  # the first inputs: choose the kind (γ auto) and build the programs
-                        gamma_now = self._first_gamma(take, need, greedy)
+                        gamma_now = self._gamma_now = self._first_gamma(take, need, greedy)
                         self._programs = SlotPrograms.shared(
                             self.target_fns,
                             self.source if self.max_gamma > 0 else None,
