@@ -27,8 +27,8 @@ Costs of the other design, refill inside the ``while_loop`` from an on-device qu
 iteration would carry the whole queue's tokens [q, S] and a conditional encode of up to ``m`` rows (a
 ``lax.cond`` per iteration, and both the encoder's weights and a second set of buffers live inside the loop),
 and the loop could no longer hand finished rows back before the queue ends without a host callback; on a CPU,
-where one ``run`` of a few dozen iterations takes ~0.1-1 s, the host round trip it saves is a few
-milliseconds per refill.
+where one ``run`` of a few dozen iterations takes ~0.1-1 s, the host round trip it saves is a few milliseconds
+per refill (an estimate: that design was not built, so not measured).
 """
 
 from __future__ import annotations
