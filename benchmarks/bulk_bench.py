@@ -40,6 +40,9 @@ DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "sha
 
 def _rows(args):
     import specjax
+    from specjax.cli._common import enable_caches
+
+    enable_caches()  # as the specjax command: XLA's persistent compilation cache and the measured costs on disk
 
     target, draft, tok = specjax.load_default_pair(size=args.size, dtype=args.dtype)
     path = args.data or DATA
