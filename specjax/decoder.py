@@ -488,6 +488,7 @@ class Decoder:
                 eos_id=eos_id,
                 verification=verification,
                 draft_confidence_threshold=draft_confidence_threshold,
+                **({"num_drafts": num_drafts} if num_drafts > 1 else {}),
             )
         self.target, self.draft, self.gamma = target, draft, gamma
         self.max_decode_length = max_decode_length
@@ -527,6 +528,18 @@ class Decoder:
             max_decode_length=self.max_decode_length,
             max_gamma=max(self.candidates),
         )
+
+    def costs_known(self, tokens) -> bool:
+        """Whether ``costs_for(tokens)`` answers without measuring: costs given at construction or already measured
+        at this batch size, or stored on disk (an earlier run on this machine) for this shape with every γ."""
+        tokens = np.asarray(tokens)
+        if tokens.shape[0] in self.costs:
+            return True
+        stored = self.cost_cache.get(self._cost_key(tokens)) if self.cost_cache is not None else None
+        try:
+            return stored is not None and Costs.from_json(stored).max_gamma >= max(self.candidates)
+        except (KeyError, TypeError, ValueError):
+            return False
 
     def costs_for(self, tokens) -> Costs:
         """The ``Costs`` at this batch shape: given at construction, cached on disk, else measured now (once)."""

@@ -352,3 +352,50 @@ def test_a_draft_with_another_vocabulary_leaves_no_output_file(tmp_path, inputs,
     assert len(lines) == 1 and "draft vocabulary (32128 tokens) differs from the target's (8000)" in lines[0], err
     assert "Traceback" not in err
     assert not out.exists()
+
+
+def test_main_called_from_python_gives_ctrl_c_back(tmp_path):
+    """The command's own Ctrl-C handler (exit at once) is for the `specjax` process; a test or a notebook calling
+    main() keeps its own handler afterwards."""
+    before = signal.getsignal(signal.SIGINT)
+    assert main(["convert", str(tmp_path / "missing"), str(tmp_path / "out"), "--to", "hf"]) == 2
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_an_ignored_ctrl_c_stays_ignored():
+    """A background job (SIGINT ignored by the shell that started it) is not made killable by Ctrl-C."""
+    from specjax.cli._common import install_interrupt_handler
+
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        install_interrupt_handler("generate")
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+# --- the caches kept between runs ---------------------------------------------------------------------------------
+
+
+def test_cache_settings_follow_the_flags_and_the_environment(tmp_path, monkeypatch):
+    from specjax import hardware
+    from specjax.cli._common import cache_settings
+
+    for var in ("SPECJAX_CACHE_DIR", "JAX_COMPILATION_CACHE_DIR", "JAX_ENABLE_COMPILATION_CACHE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    default = cache_settings()
+    assert default["root"] == tmp_path / "home" / ".cache" / "specjax"
+    assert Path(default["xla"]).parent == default["root"] / "xla"  # one folder per CPU below it
+    assert cache_settings(cache_dir=str(tmp_path / "c"))["root"] == tmp_path / "c"
+    assert cache_settings(no_cache=True) == {"root": None, "xla": None}
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "jax"))
+    assert cache_settings()["xla"] == str(tmp_path / "jax")  # JAX's own variable wins for the programs
+    monkeypatch.setenv("JAX_ENABLE_COMPILATION_CACHE", "false")
+    assert cache_settings()["xla"] is None and cache_settings()["root"] is not None
+    monkeypatch.setenv("SPECJAX_CACHE_DIR", "off")
+    assert cache_settings() == {"root": None, "xla": None}
+    assert hardware.cache_dir() is None and hardware.CostCache().path is None  # costs kept in memory only
+    costs = hardware.CostCache()
+    costs.put("k", {"a": 1.0})
+    assert costs.get("k") == {"a": 1.0} and not (tmp_path / "home").exists()

@@ -4,6 +4,8 @@ to a fixed output at temperature 0, and greedy speculative output equals greedy 
 
 from __future__ import annotations
 
+import re
+
 import jax
 import numpy as np
 import pytest
@@ -126,6 +128,13 @@ def test_demo_small_runs_its_fastest_dtypes(capsys, data_dir):
     # γ is "auto" by default (specjax.Decoder); DEMO_GAMMA is the fixed γ the pair was measured at.
     assert "gamma=auto" in captured.out and captured.out.count("DE: ") == 2
     assert "greedy outputs identical to the target alone: " in captured.out
+    # the translations come first (a pass at DEMO_GAMMA before γ auto measures costs), then the figures, with the
+    # untimed cost measurement and first pass named apart from compilation
+    assert captured.out.rindex("DE: ") < captured.out.index("acceptance rate")
+    # (at γ 5 while γ auto has no costs on disk for this CPU, else at its own choices)
+    assert (
+        re.search(r"first pass over the lines at gamma (5|auto) ", captured.out) and "cost measurement" in captured.out
+    )
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])

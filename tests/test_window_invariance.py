@@ -70,22 +70,19 @@ def small_target(request):
 def test_window_logits_equal_step_logits_bit_for_bit(small_target, batch, gamma):
     """The target's logits from speculative windows (ragged accepted counts, a cache of T + γ + 1 slots) against
     the target alone's steps (a cache of T + 1 slots), each compiled as its loop is (``window_step_mismatch``).
-    Batches of several rows are exact in bfloat16 only (docs/performance.md, "Window invariance", limits)."""
+    (A float32 window of 40 or more rows beside a step of fewer is a stated limit: docs/performance.md.)"""
     target, _, tok = small_target
     lines = ["A man is riding a bicycle down the street.", "Two dogs play in the snow.", "The children sit."]
     x = np.asarray(tok.encode_batch(lines[:batch]))
     x = np.pad(x, ((0, 0), (0, 32 - x.shape[1])))
     got = window_step_mismatch(target, x, gamma, max_decode_length=16, seed=gamma)
     assert got["total"] == batch * 16 * 8000
-    if batch > 1 and target.config.dtype == "float32":  # the documented limit: equal up to the last bits
-        assert got["argmax_differ"] == 0 and got["max_abs"] < 1e-3, got
-    else:
-        assert got["differ"] == 0, f"{target.config.dtype}: {got}"
+    assert got["differ"] == 0, f"{target.config.dtype}: {got}"
 
 
-# Lines 0-63 of newstest2014 and the lines whose greedy output differed from the target alone on the bfloat16
-# path before windows and steps took one numeric path (AMD EPYC Zen 4, AVX512_BF16).
-NEWSTEST_LINES = list(range(24))
+# Lines of newstest2014: the first 12, and line 50 (92 tokens), whose greedy output differed from the target alone
+# on the bfloat16 path while softmax's max was an XLA reduction (AMD EPYC Zen 4, AVX512_BF16).
+NEWSTEST_LINES = list(range(12)) + [50]
 
 
 def test_greedy_speculative_equals_target_alone_on_newstest(small_target, data_dir):
@@ -99,13 +96,13 @@ def test_greedy_speculative_equals_target_alone_on_newstest(small_target, data_d
     }
     differ = {name: [] for name in sources}
     for i in NEWSTEST_LINES:
-        ids = tok.encode(lines[i])[:63]
-        x = np.asarray([ids + [0] * (64 - len(ids))], np.int32)
-        base = temperature_sample(target, x, rng=0, max_decode_length=48, temperature=0.0)
+        ids = tok.encode(lines[i])[:127]
+        x = np.asarray([ids + [0] * (128 - len(ids))], np.int32)
+        base = temperature_sample(target, x, rng=0, max_decode_length=64, temperature=0.0)
         for name, kw in sources.items():
             kw = dict(kw)
             spec = speculative_sample(
-                target, kw.pop("draft"), x, rng=0, gamma=5, max_decode_length=48, temperature=0.0, **kw
+                target, kw.pop("draft"), x, rng=0, gamma=5, max_decode_length=64, temperature=0.0, **kw
             )
             if not (np.array_equal(spec.sequences, base.sequences) and np.array_equal(spec.lengths, base.lengths)):
                 differ[name].append(i)

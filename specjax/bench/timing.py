@@ -65,6 +65,8 @@ class PairMeasurement:
         the costs were cached on disk by an earlier run); else 0.
       warmup_seconds: with γ auto, the rest of the untimed first pass over every batch (the calls that did not
         compile: they teach the Decoder α and row lengths); else 0.
+      first_pass_gamma: with γ auto, the γ of that first pass: ``first_pass_gamma`` when the costs were not known
+        yet, else "auto" (the Decoder's own choices); else None.
       spec, base: ``DecodeResult`` per batch (from the last repeat).
       num_inputs: real rows (filler rows of the last batch excluded).
       gammas: with ``gamma="auto"``: the γ each batch of the last pass ran (0: the target alone); else None.
@@ -82,6 +84,7 @@ class PairMeasurement:
     decoder: object = None
     calibration_seconds: float = 0.0
     warmup_seconds: float = 0.0
+    first_pass_gamma: int | str | None = None
 
     def _rows(self, results, field):
         return _field(results, field, self.num_inputs)
@@ -207,7 +210,8 @@ def measure_pair(
         before the timed passes (the demo prints each translation as it comes).
       first_pass_gamma: with γ auto, run the untimed first pass at this fixed γ (forced through the Decoder, which
         learns α from it) before measuring the costs, so the first outputs come after one compile instead of after
-        the cost measurement and its compiles; None: the first pass is the Decoder's own choices, after measuring.
+        the cost measurement and its compiles; skipped when the costs are known already (on disk from an earlier
+        run: the Decoder then chooses at once). None: the first pass is the Decoder's own choices, after measuring.
     Returns:
       ``PairMeasurement`` (seconds include waiting for the device to finish each call).
     Raises:
@@ -260,7 +264,9 @@ def measure_pair(
             return r
 
         gammas = []
-        early = gamma == "auto" and first_pass_gamma is not None
+        # With the costs on disk already (a second run) γ auto chooses at once: its first pass runs its own choice,
+        # so no program is traced and loaded for the fixed γ alone.
+        early = gamma == "auto" and first_pass_gamma is not None and not decoder.costs_known(batches[0])
         if gamma == "auto" and not early:  # the cost measurement, apart (cached on disk: near 0 on a second run)
             decoder.costs_for(batches[0])
             calibration = time.perf_counter() - t0
@@ -275,7 +281,9 @@ def measure_pair(
             decoder.costs_for(batches[0])
             calibration = time.perf_counter() - t0
             gammas.clear()
+        first_gamma = first_pass_gamma if early else ("auto" if gamma == "auto" else None)
     else:
+        first_gamma = None
 
         def spec(j, x):
             return finish(
@@ -315,7 +323,18 @@ def measure_pair(
     spec_s -= sum(compiled)
     n = num_inputs if num_inputs is not None else sum(b.shape[0] for b in batches)
     return PairMeasurement(
-        spec_s, base_s, spec_compile, base_compile, spec_results, base_results, n, gammas, decoder, calibration, warmup
+        spec_s,
+        base_s,
+        spec_compile,
+        base_compile,
+        spec_results,
+        base_results,
+        n,
+        gammas,
+        decoder,
+        calibration,
+        warmup,
+        first_gamma,
     )
 
 

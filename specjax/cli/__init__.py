@@ -35,7 +35,9 @@ def add_decoding_args(p: argparse.ArgumentParser, *, task: str, seed_help: str =
         f">= 1 (with --mesh / --data-parallel the default is {D.fixed_gamma})",
     )
     p.add_argument("--verbose", action="store_true", help="print each call's gamma choice and its reason (stderr)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); 1 = sample from the target")
+    p.add_argument(
+        "--temperature", type=float, default=D.temperature, help="0 = greedy (default); 1 = sample from the target"
+    )
     p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (default 0: all)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass to keep, in (0, 1] (default 1: all)")
     p.add_argument(
@@ -222,8 +224,12 @@ def main(argv=None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    import signal
+
+    from specjax import _command
     from specjax.cli import _common
 
+    previous = signal.getsignal(signal.SIGINT)
     _common.install_interrupt_handler(command)
     try:
         _common.quiet_libtpu()
@@ -244,6 +250,9 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:  # raised by a handler of a subcommand's own (train's second Ctrl-C)
         print(f"specjax {command}: interrupted; finished work was kept.", file=sys.stderr)
         return _common.INTERRUPT_EXIT
+    finally:
+        if not _command.running_as_command():  # main() called from Python (a test, a notebook): theirs again
+            signal.signal(signal.SIGINT, previous)
 
 
 if __name__ == "__main__":

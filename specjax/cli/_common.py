@@ -279,8 +279,12 @@ def install_interrupt_handler(command: str) -> None:
     JAX's compilation cache are written whole or not at all by their owners.
 
     ``specjax train`` installs its own handler while it trains (save the resume point, then stop) and restores
-    this one afterwards.
+    this one afterwards. A process started with SIGINT ignored (a job a non-interactive shell put in the
+    background with ``&``, or under ``nohup``) keeps ignoring it: that is how its starter asked for it to outlive a
+    Ctrl-C in the terminal.
     """
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        return
 
     def _on_sigint(signum, frame):
         kept = []

@@ -97,8 +97,8 @@ def run(args: argparse.Namespace) -> int:
     kept = cache_dir()
     where = f" (kept in {kept} for the next run)" if kept is not None else ""
     first = (
-        f"compiling gamma {DEMO_GAMMA[size]}'s decode program{where}; each translation is printed as it comes; then "
-        "gamma auto measures this CPU's decode costs and both methods are timed..."
+        f"compiling the decode programs{where}; each translation is printed as it comes (at gamma {DEMO_GAMMA[size]} "
+        "while gamma auto has no measured costs for this CPU: it measures them next), then both methods are timed..."
         if args.gamma == "auto"
         else f"compiling both decode programs{where}; each translation is printed as it comes, then both are timed..."
     )
@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.gamma == "auto":
         print(
-            f"not timed either: the first pass over the lines at gamma {DEMO_GAMMA[size]} {m.warmup_seconds:.1f}s "
+            f"not timed either: the first pass over the lines at gamma {m.first_pass_gamma} {m.warmup_seconds:.1f}s "
             f"(the translations above; gamma auto learns alpha from it) and gamma auto's cost measurement "
             f"{m.calibration_seconds:.1f}s (once per machine and shape: kept between runs unless --no-cache)"
         )

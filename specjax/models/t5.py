@@ -232,6 +232,19 @@ def _bf16_dense_matmul_bwd(residuals, g):
 _bf16_dense_matmul.defvjp(_bf16_dense_matmul_fwd, _bf16_dense_matmul_bwd)
 
 
+def _halving_tree(x, combine, fill: float):
+    """``x`` [..., m] reduced over its last axis by ``combine`` in a halving tree: padded with ``fill`` to the next
+    power of two ``w``, then ``combine(x[..., :w/2], x[..., w/2:])`` until one column is left. [...]"""
+    m = x.shape[-1]
+    w = 1 << max(m - 1, 0).bit_length()
+    if w != m:
+        x = jnp.pad(x, ((0, 0),) * (x.ndim - 1) + ((0, w - m),), constant_values=fill)
+    while w > 1:
+        w //= 2
+        x = combine(x[..., :w], x[..., w:])
+    return x[..., 0]
+
+
 def fixed_order_sum(x):
     """The sum of ``x`` [..., m] over its last axis in one fixed order: a halving tree of elementwise adds.
 
@@ -243,20 +256,21 @@ def fixed_order_sum(x):
     rows when there are enough of them, along the reduced axis otherwise), which rounds a row's sum differently
     in a window than in a step. Returns [...], in ``x``'s dtype.
     """
-    m = x.shape[-1]
-    w = 1 << max(m - 1, 0).bit_length()
-    if w != m:
-        x = jnp.pad(x, ((0, 0),) * (x.ndim - 1) + ((0, w - m),))
-    while w > 1:
-        w //= 2
-        x = x[..., :w] + x[..., w:]
-    return x[..., 0]
+    return _halving_tree(x, jnp.add, 0.0)
+
+
+def fixed_order_max(x):
+    """The max of ``x`` [..., m] over its last axis by the same halving tree as ``fixed_order_sum`` (elementwise
+    ``maximum``, padded with -inf). A max is exact in any order, but an XLA:CPU reduction fused with what follows
+    it changed how that fusion computed ``exp``: ``exp(x - max(x))`` differed in the last bit between a one-token
+    step and a window of 4 or more rows (batch 1), where the same exp after this tree did not. Returns [...]."""
+    return _halving_tree(x, jnp.maximum, -jnp.inf)
 
 
 def fixed_order_softmax(scores):
-    """``softmax(scores)`` over the last axis with its denominator summed by ``fixed_order_sum``: each row's
-    weights are the same bits in a window and in a one-token step (the max is exact in any order)."""
-    shifted = jnp.exp(scores - jax.lax.stop_gradient(jnp.max(scores, axis=-1, keepdims=True)))
+    """``softmax(scores)`` over the last axis from ``fixed_order_max`` and ``fixed_order_sum``: no XLA reduction,
+    so each row's weights are the same bits in a window and in a one-token step, whatever the row count."""
+    shifted = jnp.exp(scores - jax.lax.stop_gradient(fixed_order_max(scores))[..., None])
     return shifted / fixed_order_sum(shifted)[..., None]
 
 
@@ -426,7 +440,7 @@ def _attend_window(
         "bnth,bnsh->bnts", q_bnth, win_k_bnth.astype(q_bnth.dtype), preferred_element_type=jnp.float32
     )
     length = cache_scores.shape[-1]
-    weights = jax.nn.softmax(jnp.concatenate([cache_scores + cache_bias, win_scores + win_bias], axis=-1), axis=-1)
+    weights = fixed_order_softmax(jnp.concatenate([cache_scores + cache_bias, win_scores + win_bias], axis=-1))
     weights = weights.astype(cfg.compute_dtype)
     out_bnth = jnp.einsum("bnts,bnsh->bnth", weights[..., :length], cache_v_bnLh) + jnp.einsum(
         "bnts,bnsh->bnth", weights[..., length:], win_v_bnth.astype(cfg.compute_dtype)
