@@ -9,6 +9,7 @@ from specjax import (
     _command,  # noqa: F401
     parallel,
 )
+from specjax.bulk import BulkDecoder, LineResult, generate_iterable
 from specjax.checkpoints import CheckpointError, load_checkpoint, save_checkpoint
 from specjax.config import PRESETS, T5Config
 from specjax.decoder import Decoder
@@ -30,6 +31,9 @@ __all__ = [
     "DecodeConfig",
     "DecodeResult",
     "Decoder",
+    "BulkDecoder",
+    "LineResult",
+    "generate_iterable",
     "PromptLookupDraft",
     "speculative_sample",
     "temperature_sample",

@@ -250,8 +250,9 @@ def decode_rows(
     on_batch: Callable | None = None,
     progress: bool = False,
 ):
-    """Decodes token-id rows in fixed-size batches; row ``j`` samples with ``fold_in(PRNGKey(seed),
-    indices[j])`` (as ``specjax generate`` does for line ``indices[j]``).
+    """Decodes token-id rows; row ``j`` samples with ``fold_in(PRNGKey(seed), indices[j])`` (as ``specjax generate``
+    does for line ``indices[j]``). On one device (no ``runner``) with consecutive indices, through the bulk decoder
+    (``specjax.bulk``: ``batch_size`` slots refilled as rows end); else in static batches:
 
     Batches: ``batch_size`` rows, inputs right-padded to a power-of-2 length (``bucket_length``), filler rows
     copying the batch's first row (with its key), dropped here (``specjax.decoding.inputs.pad_batch``). The
@@ -268,6 +269,26 @@ def decode_rows(
     from specjax.decoding import speculative_sample, temperature_sample
     from specjax.decoding.inputs import bucket_length, pad_batch
 
+    consecutive = list(indices) == list(range(indices[0], indices[0] + len(indices))) if len(indices) else False
+    if runner is None and consecutive:
+        return _decode_rows_bulk(
+            rows,
+            indices[0],
+            target,
+            draft,
+            batch_size=batch_size,
+            seed=seed,
+            gamma=gamma,
+            max_decode_length=max_decode_length,
+            eos_id=eos_id,
+            max_input_length=max_input_length,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            compare_baseline=compare_baseline,
+            on_batch=on_batch,
+            progress=progress,
+        )
     run = runner or (lambda fn, *a, **kw: fn(*a, **kw))
     seed_key = jax.random.PRNGKey(seed)
     common = dict(
@@ -330,6 +351,59 @@ def decode_rows(
     finally:
         if bar is not None:
             bar.close()
+    return out, stats
+
+
+def _decode_rows_bulk(
+    rows,
+    first: int,
+    target,
+    draft,
+    *,
+    batch_size,
+    seed,
+    gamma,
+    max_decode_length,
+    eos_id,
+    max_input_length,
+    temperature,
+    top_k,
+    top_p,
+    compare_baseline,
+    on_batch,
+    progress,
+):
+    """``decode_rows`` on one device through the bulk decoder (``specjax.bulk.BulkDecoder``: slots refilled as rows
+    end, inputs sorted by length in a read-ahead window); row ``j`` is example ``first + j`` and samples with
+    ``fold_in(PRNGKey(seed), first + j)``, the same tokens as the static batches. ``on_batch`` gets each line as it
+    is emitted (in order); the seconds are wall time with compiles."""
+    from specjax.bulk import BulkDecoder
+
+    settings = dict(
+        batch_size=max(1, min(batch_size, len(rows))),
+        max_decode_length=max_decode_length,
+        eos_id=eos_id,
+        max_input_length=max_input_length,
+    )
+    sampling = dict(rng=seed, temperature=temperature, top_k=top_k, top_p=top_p, start_index=first)
+    bulk = BulkDecoder(target, draft, gamma=gamma if draft is not None else 0, **settings)
+    stats, out = _Stats(), []
+    progress_bar = dict(total=len(rows), desc="seqio decode", unit="example") if progress else False
+    for r in bulk.generate(rows, progress=progress_bar, **sampling):
+        tokens = r.tokens.tolist()
+        out.append(tokens)
+        stats.lengths += len(tokens)
+        stats.calls += r.num_target_calls
+        stats.verified += r.num_verified
+        stats.beta += r.beta_sum
+        if on_batch is not None:
+            on_batch([tokens])
+    stats.seconds = bulk.stats.seconds
+    if draft is not None and compare_baseline:
+        base = BulkDecoder(target, None, gamma=0, **settings)
+        for _ in base.generate(rows, **sampling):
+            pass
+        stats.base_seconds = base.stats.seconds
     return out, stats
 
 

@@ -166,22 +166,20 @@ def test_checkpoint_folder_vocabulary_is_used_before_t5s(tmp_path, capsys):
     assert out.read_text(encoding="utf-8") == tok.decode(np.asarray(base.sequences)[0]) + "\n"
 
 
-def test_gamma_above_max_decode_length_is_clipped_and_each_batch_decoded_once(
-    tmp_path, checkpoints, capsys, monkeypatch
-):
-    import specjax.decoding as decoding
+def test_gamma_above_max_decode_length_is_clipped(tmp_path, checkpoints, capsys, monkeypatch):
+    import specjax.bulk as bulk
 
-    calls = []
-    real = decoding.speculative_sample
+    gammas = []
+    real = bulk.BulkDecoder
 
-    def counting(*args, **kwargs):
-        calls.append(kwargs["gamma"])
+    def recording(*args, **kwargs):
+        gammas.append(kwargs["gamma"])
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(decoding, "speculative_sample", counting)
+    monkeypatch.setattr(bulk, "BulkDecoder", recording)
     rc, out = _run(tmp_path, checkpoints, "--gamma", "1000", "--batch-size", "4")
     assert rc == 0 and len(out.read_text(encoding="utf-8").splitlines()) == len(LINES)
-    assert calls == [6, 6]  # two batches, each decoded once (the warm-up only compiles), gamma clipped to 6
+    assert gammas == [6]  # one bulk decode of every line, gamma clipped to 6
     assert "using gamma 6" in capsys.readouterr().err
 
 
@@ -335,17 +333,17 @@ def test_directory_paths_are_clear_errors(tmp_path, checkpoints, capsys):
 
 
 def test_short_file_is_not_padded_to_the_batch_size(tmp_path, checkpoints, monkeypatch):
-    """Three lines with the default --batch-size 32 decode in one call of 3 rows, not 32."""
-    import specjax.decoding as decoding
+    """Three lines with the default --batch-size 32 decode in 3 slots, not 32."""
+    import specjax.bulk as bulk
 
-    shapes = []
-    real = decoding.speculative_sample
+    slots = []
+    real = bulk.BulkDecoder
 
-    def recording(target, draft, x, **kwargs):
-        shapes.append(x.shape[0])
-        return real(target, draft, x, **kwargs)
+    def recording(*args, **kwargs):
+        slots.append(kwargs["batch_size"])
+        return real(*args, **kwargs)
 
-    monkeypatch.setattr(decoding, "speculative_sample", recording)
+    monkeypatch.setattr(bulk, "BulkDecoder", recording)
     rc, out = _run(tmp_path, checkpoints, lines=LINES[:3])
     assert rc == 0 and len(out.read_text(encoding="utf-8").splitlines()) == 3
-    assert shapes == [3]
+    assert slots == [3]

@@ -18,10 +18,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 from specjax.cli import add_decoding_args, add_size_arg, resolve_decoding_defaults
 from specjax.cli._common import OutputLines, check_output_path, lines_done
+from specjax.cli._lines import encode_lines, output_text
 
 DEFAULT_TOKENIZER = os.path.join("..", "shared", "data", "tokenizer", "t5", "spiece.model")
 
@@ -98,14 +98,6 @@ def add_parser(sub) -> None:
     seqio.add_argument("--split", default="validation", help="the Task's split to decode (default validation)")
     seqio.add_argument("--num-examples", type=int, default=None, help="decode only the split's first N examples")
     p.set_defaults(func=run)
-
-
-def _bucket(n: int, cap: int) -> int:
-    """The smallest power of 2 >= n (at least 8), capped at ``cap``."""
-    size = 8
-    while size < n:
-        size *= 2
-    return min(size, max(cap, n))
 
 
 def _load(args):
@@ -210,7 +202,8 @@ def _validate(args):
 
 
 def run(args: argparse.Namespace) -> int:
-    """Decodes every not-yet-written input line; returns 0. Raises ValueError/FileNotFoundError on bad input."""
+    """Decodes every not-yet-written input line through the bulk decoder (``specjax.bulk``) and writes one line per
+    input, in order, as each is done; returns 0. Raises ValueError/FileNotFoundError on bad input."""
     if args.seqio_task:
         from specjax.cli import seqio_generate
 
@@ -218,17 +211,6 @@ def run(args: argparse.Namespace) -> int:
     if not args.input:
         raise ValueError("--input FILE is required (or --seqio-task NAME to decode a seqio Task's split).")
     _validate(args)
-    import jax
-
-    from specjax import parallel
-
-    parallel.maybe_initialize_distributed()  # before any device is touched; no-op on one process
-    runner = parallel.decode_fn_from_flags(args.data_parallel, args.mesh)
-    import numpy as np
-    from tqdm import tqdm
-
-    from specjax.decoding import speculative_sample, temperature_sample
-
     lines = _read_lines(args.input)
     if not lines:
         raise ValueError(
@@ -239,144 +221,65 @@ def run(args: argparse.Namespace) -> int:
     if done >= len(lines):
         print(f"{args.output}: all {len(lines)} lines already written; nothing to do.", file=report)
         return 0
+    if args.data_parallel or args.mesh:  # one static batch at a time over a device mesh
+        from specjax.cli import _mesh_generate
 
-    with runner.loading():  # --mesh: read weights into host memory, not onto one device
-        target, draft, tokenizer = _load(args)
+        return _mesh_generate.run(args, lines, done, _load)
+
+    from specjax.bulk import BulkDecoder
     from specjax.cli import draft_source, speculative_kwargs
 
     spec_kwargs = speculative_kwargs(args)
-    target, draft = runner.place(target, draft)  # draft None with --draft prompt-lookup
+    target, draft, tokenizer = _load(args)
     draft = draft_source(args, draft)
-    eos = tokenizer.eos_id
-    encoded = []
-    for i in range(done, len(lines)):
-        ids = tokenizer.encode(args.prefix + lines[i])
-        if len(ids) > args.max_input_length:
-            if not args.truncate:
-                raise ValueError(
-                    f"Input line {i + 1} encodes to {len(ids)} tokens, more than "
-                    f"--max-input-length {args.max_input_length}; pass --truncate to cut it."
-                )
-            ids = ids[: args.max_input_length - 1] + [eos]
-        encoded.append(ids)
-
-    seed_key = jax.random.PRNGKey(args.seed)
-    common = dict(
+    rows = encode_lines(tokenizer, lines[done:], args.prefix, args.max_input_length, args.truncate, first=done)
+    settings = dict(
+        batch_size=min(args.batch_size, len(rows)),  # a short file is not padded to --batch-size slots
         max_decode_length=args.max_decode_length,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        eos_id=eos,
+        eos_id=tokenizer.eos_id,
         max_input_length=args.max_input_length,
     )
-    stats = dict(
-        tokens=0,
-        spec_time=0.0,
-        base_time=0.0,
-        base_tokens=0,
-        drafted=0,
-        accepted=0,
-        calls=0,
-        dropped_ids=0,
-        beta_sum=0.0,
-        verified=0,
-    )
-    warm = set()
-    from specjax.decoding import lower_speculative_sample, lower_temperature_sample
-
-    def timed(fn, x, keys, key_shape, **kw):
-        if key_shape not in warm:  # compile first (ahead of time, nothing decoded), untimed
-            if decoder is not None and key_shape[0] == "spec":
-                pass  # the Decoder compiles each γ it picks lazily and never charges compile time to its choice
-            elif runner.mode == "single":
-                lower = lower_speculative_sample if key_shape[0] == "spec" else lower_temperature_sample
-                models = (target, draft) if key_shape[0] == "spec" else (target,)
-                extra = dict(gamma=args.gamma, **spec_kwargs) if key_shape[0] == "spec" else {}
-                lower(*models, x, rng=keys, **extra, **common).compile()
-            warm.add(key_shape)
-        start = time.perf_counter()
-        result = fn(x, keys, **kw)
-        jax.block_until_ready(result)
-        seconds = time.perf_counter() - start
-        return jax.device_get(result), seconds
-
-    decoder = None
-    if args.gamma == "auto" or args.gamma == 0:
-        from specjax.cli import make_decoder
-
-        decoder = make_decoder(args, target, draft, eos_id=eos, max_input_length=args.max_input_length)
-
-    def spec(x, keys, **kw):
-        if decoder is not None:
-            r = decoder(x, rng=keys, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
-            if args.verbose:
-                print(decoder.last_choice.describe(), file=sys.stderr)
-            return r
-        return runner(speculative_sample, target, draft, x, rng=keys, gamma=args.gamma, **spec_kwargs, **common)
-
-    def base(x, keys, **kw):
-        return runner(temperature_sample, target, x, rng=keys, **common)
-
-    out = OutputLines(args.output)  # the file is created with its first line: a failing run leaves none
-    bar = tqdm(total=len(lines), initial=done, unit="line", file=sys.stderr, desc="generate")
+    sampling = dict(rng=args.seed, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, start_index=done)
+    bulk = BulkDecoder(target, draft, gamma=args.gamma, **spec_kwargs, **settings)
+    out, dropped = OutputLines(args.output), [0]  # the file is created with its first line
     try:
-        bs = max(1, min(args.batch_size, len(encoded)))  # a short file is not padded to --batch-size rows
-        for start in range(0, len(encoded), bs):
-            rows = encoded[start : start + bs]
-            width = _bucket(max(len(r) for r in rows), args.max_input_length)
-            x = np.zeros((bs, width), np.int32)
-            for j, ids in enumerate(rows):
-                x[j, : len(ids)] = ids
-            # Dummy rows (dropped below) copy the first row with its own key, so they finish with it: a
-            # different filler would keep the shared loop running after every real row is done.
-            x[len(rows) :] = x[0]
-            line_ids = np.arange(done + start, done + start + bs)
-            line_ids[len(rows) :] = line_ids[0]
-            keys = jax.vmap(lambda i: jax.random.fold_in(seed_key, i))(line_ids)
-            r, seconds = timed(spec, x, keys, ("spec", width))
-            real = slice(0, len(rows))
-            stats["spec_time"] += seconds
-            stats["tokens"] += int(r.lengths[real].sum())
-            stats["drafted"] += int(r.num_draft_tokens[real].sum())
-            stats["accepted"] += int(r.num_accepted[real].sum())
-            stats["calls"] += int(r.num_target_calls[real].sum())
-            stats["beta_sum"] += float(r.beta_sum[real].sum())
-            stats["verified"] += int(r.num_verified[real].sum())
-            if args.compare_baseline:
-                b, seconds = timed(base, x, keys, ("base", width))
-                stats["base_time"] += seconds
-                stats["base_tokens"] += int(b.lengths[real].sum())
-            texts = []
-            for seq, n in zip(r.sequences[real], r.lengths[real]):
-                ids = [int(t) for t in seq[:n]]
-                kept = [t for t in ids if t < tokenizer.vocab_size]
-                stats["dropped_ids"] += len(ids) - len(kept)
-                texts.append(tokenizer.decode(kept).replace("\n", " ").replace("\r", " "))
-            out.write(texts)
-            bar.update(len(rows))
+        progress = dict(total=len(lines), initial=done)
+        for r in bulk.generate(rows, progress=progress, **sampling):
+            out.write([output_text(tokenizer, r.tokens, dropped)])  # flushed: a rerun resumes after it
     finally:
-        bar.close()
         out.close()
-
-    n_lines = len(encoded)
-    alpha = stats["beta_sum"] / stats["verified"] if stats["verified"] else float("nan")
-    fraction = stats["accepted"] / stats["drafted"] if stats["drafted"] else float("nan")
-    per_call = stats["tokens"] / stats["calls"] if stats["calls"] else float("nan")
-    tps = stats["tokens"] / stats["spec_time"] if stats["spec_time"] else float("nan")
-    print(f"lines {n_lines}, tokens {stats['tokens']}, gamma {args.gamma}, temperature {args.temperature}", file=report)
+    s = bulk.stats
+    if args.verbose:
+        for reason in s.reasons:
+            print(reason, file=report)
+    gammas = ", ".join(f"γ {g}: {n}" for g, n in sorted(s.gammas.items()))
+    fraction = s.accepted / s.drafted if s.drafted else float("nan")
+    per_call = s.tokens / s.target_calls if s.target_calls else float("nan")
     print(
-        f"acceptance rate alpha {alpha:.3f} (the paper's, per token), accepted/drafted {fraction:.3f}, "
-        f"tokens per target call {per_call:.2f}, speculative {tps:.1f} tokens/s (compilation excluded)",
+        f"lines {s.lines}, tokens {s.tokens}, gamma {args.gamma} (runs by γ: {gammas}), temperature "
+        f"{args.temperature}, {settings['batch_size']} slots",
+        file=report,
+    )
+    print(
+        f"acceptance rate alpha {s.alpha:.3f} (the paper's, per token), accepted/drafted {fraction:.3f}, "
+        f"tokens per target call {per_call:.2f}, {s.tokens_per_second:.1f} tokens/s, {s.lines / s.seconds:.2f} "
+        f"lines/s, first line after {s.first_line_seconds:.1f} s (wall time, compiles included)",
         file=report,
     )
     if args.compare_baseline:
-        base_tps = stats["base_tokens"] / stats["base_time"] if stats["base_time"] else float("nan")
-        speedup = stats["base_time"] / stats["spec_time"] if stats["spec_time"] else float("nan")
-        print(f"baseline {base_tps:.1f} tokens/s, speedup {speedup:.2f}x (wall time, same inputs)", file=report)
-    if stats["dropped_ids"]:
+        base = BulkDecoder(target, None, gamma=0, **settings)
+        for _ in base.generate(rows, **sampling):
+            pass
+        b = base.stats
         print(
-            f"warning: {stats['dropped_ids']} generated ids beyond the tokenizer's vocabulary "
-            f"({tokenizer.vocab_size}) were dropped from the text.",
-            file=sys.stderr,
+            f"baseline (the target alone, same slots) {b.tokens_per_second:.1f} tokens/s, speedup "
+            f"{b.seconds / s.seconds:.2f}x (wall time, same inputs)",
+            file=report,
+        )
+    if dropped[0]:
+        print(
+            f"warning: {dropped[0]} generated ids beyond the tokenizer's vocabulary ({tokenizer.vocab_size}) were "
+            "dropped from the text.",
+            file=report,
         )
     return 0

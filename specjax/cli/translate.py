@@ -48,10 +48,6 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     """Prints one translation per input on stdout, then the paper's α and tokens per target call on stderr."""
     resolve_decoding_defaults(args, "translation")
-    import jax
-
-    from specjax.decoding import inputs, speculative_sample
-
     empty = [i for i, t in enumerate(args.text) if not t.strip()]
     if empty:
         raise ValueError(f"argument {empty[0] + 1} is empty; give the English sentences to translate.")
@@ -82,38 +78,32 @@ def run(args: argparse.Namespace) -> int:
 
         prefix = madlad_language_prefix(tokenizer, args.to) + prefix  # MADLAD-400: "<2de> " before the text
     rows = [tokenizer.encode(prefix + t) for t in args.text]
-    (x,) = inputs.batches(rows, batch_size=len(rows))
+    from specjax.bulk import BulkDecoder
     from specjax.cli import draft_source, speculative_kwargs
 
-    spec_kwargs = speculative_kwargs(args)
-    sampling = dict(rng=jax.random.PRNGKey(args.seed), temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
-    if args.gamma == "auto" or args.gamma == 0:  # specjax.Decoder: the target alone, or γ from measured costs
-        from specjax.cli import make_decoder
-
-        decoder = make_decoder(
-            args, target, draft_source(args, draft), max_input_length=args.max_input_length, truncate=args.truncate
-        )
-        r = decoder(x, **sampling)
-        if args.verbose:
-            print(decoder.last_choice.describe(), file=sys.stderr)
-    else:
-        r = speculative_sample(
-            target,
-            draft_source(args, draft),
-            x,
-            gamma=args.gamma,
-            **spec_kwargs,
-            max_decode_length=args.max_decode_length,
-            **sampling,
-            max_input_length=args.max_input_length,
-            truncate=args.truncate,
-        )
-    r = jax.device_get(r)
-    for seq, n in zip(r.sequences, r.lengths):
-        print(tokenizer.decode(seq[:n]))
+    bulk = BulkDecoder(  # every sentence in one slot batch; sentence i samples with fold_in(PRNGKey(seed), i)
+        target,
+        draft_source(args, draft),
+        batch_size=len(rows),
+        gamma=args.gamma,
+        max_decode_length=args.max_decode_length,
+        max_input_length=args.max_input_length,
+        truncate=args.truncate,
+        eos_id=tokenizer.eos_id,
+        **speculative_kwargs(args),
+    )
+    sampling = dict(rng=args.seed, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+    for r in bulk.generate(rows, **sampling):
+        print(tokenizer.decode(r.tokens), flush=True)
+    s = bulk.stats
+    if args.verbose:
+        for reason in s.reasons:
+            print(reason, file=sys.stderr)
+    fraction = s.accepted / s.drafted if s.drafted else float("nan")
+    per_call = s.tokens / s.target_calls if s.target_calls else float("nan")
     print(
-        f"# acceptance rate alpha {r.acceptance_rate:.3f} (the paper's, per token), accepted/drafted "
-        f"{r.accepted_fraction:.3f}, tokens per target call {r.tokens_per_target_call:.2f}",
+        f"# acceptance rate alpha {s.alpha:.3f} (the paper's, per token), accepted/drafted "
+        f"{fraction:.3f}, tokens per target call {per_call:.2f}",
         file=sys.stderr,
     )
     return 0

@@ -11,6 +11,8 @@ Modules, each owning one thing (data flows down this list):
   loop.py      the speculative while loop: draft → verify → accept → commit
   baseline.py  ``temperature_sample``
   result.py    ``DecodeResult`` (a pytree), the paper's α, tokens per call, per-position counts
+  slots.py     bulk decoding's programs: insert inputs into free decode slots, run the loop over the slots
+               (``specjax.bulk.BulkDecoder`` drives them)
 """
 
 from specjax.decoding.baseline import lower_temperature_sample, temperature_sample

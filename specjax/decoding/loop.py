@@ -33,7 +33,7 @@ from specjax.decoding.verify import Proposal, Verdict
 from specjax.decoding.xla_cpu import TunedJit
 from specjax.sampling import SamplingParams
 
-__all__ = ["speculative_sample", "lower_speculative_sample"]
+__all__ = ["speculative_sample", "lower_speculative_sample", "speculative_body", "SpecState"]
 
 
 class SpecState(NamedTuple):
@@ -162,7 +162,6 @@ def _speculative_loop(
 ) -> DecodeResult:
     b = encoder_input_tokens.shape[0]
     T, g = config.max_decode_length, config.gamma
-    verifier = get_verifier(config.verification)
     if config.num_drafts > 1:
         draft = BranchDraft(draft.model, config.num_drafts)
     with jax.named_scope("encode"):
@@ -178,6 +177,38 @@ def _speculative_loop(
         keys,
         Counters.zeros(b, g, config.num_drafts),
     )
+    body = speculative_body(target, draft, config, target_params, draft_params, encoded, draft_context, sampling)
+    final = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, init)
+    return DecodeResult.from_loop(final.sequences, final.positions, final.counters)
+
+
+def speculative_body(
+    target: DecodingModel,
+    draft: DraftSource,
+    config: DecodeConfig,
+    target_params,
+    draft_params,
+    encoded,
+    draft_context,
+    sampling: SamplingParams,
+):
+    """One iteration of the speculative loop as a function ``SpecState -> SpecState`` (traced code).
+
+    ``_speculative_loop`` runs it until every row is done; the bulk decoder (``specjax.decoding.slots``) runs it
+    over a fixed set of slots until enough of them are done, refilling them between runs. Each row only reads
+    its own state, encoder memory, sampling parameters and key: its tokens do not depend on the other rows.
+
+    Args:
+      target, draft, config: as ``speculative_sample``'s (static).
+      target_params, draft_params: the models' parameters.
+      encoded: the target's encoder output for the rows (``target.encode``).
+      draft_context: what the draft source's ``start`` returned as context.
+      sampling: per-row ``SamplingParams`` [b].
+    Returns:
+      ``body(state: SpecState) -> SpecState``.
+    """
+    g = config.gamma
+    verifier = get_verifier(config.verification)
 
     def body(state: SpecState) -> SpecState:  # Leviathan et al. 2023, Algorithm 1, every row at once
         step_keys = split_rows(state.keys, g + 2)  # [g + 2, b, 2]
@@ -207,8 +238,7 @@ def _speculative_loop(
                 target, draft, config, target_params, draft_params, encoded, draft_context, sampling, state
             )
 
-    final = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, init)
-    return DecodeResult.from_loop(final.sequences, final.positions, final.counters)
+    return body
 
 
 # Arguments: (target, draft, config, target_params, draft_params, tokens [b, s], key, sampling); the largest

@@ -1,0 +1,527 @@
+"""Bulk decoding: many inputs through a fixed set of decode slots, results in input order as they complete.
+
+Legend for shapes (STYLE.md): ``b`` slots (the batch size), ``m`` rows inserted at once, ``S`` encoder width,
+``T`` max_decode_length, ``g`` gamma.
+
+``BulkDecoder(target, draft, batch_size=32, max_decode_length=128).generate(inputs, temperature=0.0)`` reads an
+iterable of token rows and yields one ``LineResult`` per input, in input order. It reads as
+
+    read a window → sort it by length → fill free slots → run → collect finished rows → refill → emit in order
+
+- **Length buckets** (CTranslate2's ``rebatch_input``: it reads 16 × the batch size examples and sorts them by
+  length): inputs are read ``read_ahead × b`` at a time and enter the slots longest first, so the rows inserted
+  together have alike lengths and the encoder runs at one of the compiled widths just above them
+  (``specjax.models.adapter.ENCODE_WIDTHS``, picked at run time inside the insert program).
+- **Slots** (JetStream's / MaxText offline's shape: a host loop around a compiled multi-step decode and a
+  compiled insert with donated buffers; CTranslate2 drops finished rows every step): ``b`` slots run the
+  speculative loop (or the target alone, γ 0) until at least ``refill`` of them are done, then the finished
+  rows leave and the next inputs are encoded into their slots (``specjax.decoding.slots``). No row waits for
+  the longest row of a batch, and no finished row rides along for more than one run.
+- **Exact whatever the company** (DESIGN.md, "Bulk decoding and company"): line ``i`` samples with
+  ``fold_in(key, i)`` (``key`` from ``rng``), never with its slot's index, and every per-row quantity lives in
+  its slot, so a line's output does not depend on the batch size, the read-ahead window or its neighbours: at
+  temperature 0 it is the target's greedy decode of the line alone, and sampled with a fixed γ it is the
+  output ``speculative_sample`` gives the line alone with key ``fold_in(key, i)`` (``tests/test_bulk.py``).
+- **γ auto** (``specjax.decoder``'s cost model, measured at the slot count): γ in 0..8 is chosen before the first
+  run from measured costs and the α prior; speculative runs re-choose it from the running α every
+  ``RECHOOSE_EVERY`` runs. Once the target alone (0) is chosen the run stays with it: without drafting, the
+  draft's caches fall behind the rows. In a slot batch rows are refilled, so
+  the rate of a γ is ``E(α, γ) / iteration(γ)`` tokens per second per slot (Leviathan et al. 2023, eq. 1),
+  plus the per-line encode; no slowest-row term. With γ auto the sampled draws depend on the γ chosen (the
+  distribution never does); pass an int γ for reproducible sampled output.
+- **Constant memory**: the window, the slots and the results waiting for an earlier line (at most about a
+  window) are all that is held, whatever the length of the input.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Iterable, Iterator, Sequence
+
+import jax
+import numpy as np
+
+__all__ = ["BulkDecoder", "BulkStats", "LineResult", "generate_iterable", "RECHOOSE_EVERY"]
+
+RECHOOSE_EVERY = 8
+"""γ auto re-chooses γ (among 0..8, by the running α) every this many runs of the slot loop."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LineResult:
+    """One decoded input.
+
+    Attributes:
+      index: the input's index (``start_index`` + its position in ``inputs``).
+      tokens: int32[n] output tokens, EOS included when emitted (at most ``max_decode_length``).
+      num_target_calls: target forward calls while the line was decoded (γ 0: one per token).
+      num_draft_tokens, num_accepted, beta_sum, num_verified: as ``DecodeResult``'s fields for the row.
+      gamma: the γ of the last run the line was in (0: the target alone).
+    """
+
+    index: int
+    tokens: np.ndarray
+    num_target_calls: int
+    num_draft_tokens: int
+    num_accepted: int
+    beta_sum: float
+    num_verified: int
+    gamma: int
+
+    @property
+    def acceptance_rate(self) -> float:
+        """The paper's α for this line (NaN when nothing was verified)."""
+        return self.beta_sum / self.num_verified if self.num_verified else float("nan")
+
+
+@dataclasses.dataclass
+class BulkStats:
+    """What a ``generate`` call has done so far (updated as it runs).
+
+    Attributes:
+      lines: lines emitted. tokens: their output tokens. seconds: wall seconds since the call started (compiles
+      included). first_line_seconds: wall seconds to the first emitted line (None before). runs, iterations:
+      slot-loop runs and their loop iterations. beta_sum, verified: the α sums of the emitted lines. gammas:
+      {γ: runs}. reasons: the γ choices made, one line each.
+    """
+
+    lines: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+    first_line_seconds: float | None = None
+    runs: int = 0
+    iterations: int = 0
+    beta_sum: float = 0.0
+    verified: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    target_calls: int = 0
+    gammas: dict = dataclasses.field(default_factory=dict)
+    reasons: list = dataclasses.field(default_factory=list)
+
+    @property
+    def alpha(self) -> float:
+        """The paper's α over the emitted lines (NaN when nothing was verified)."""
+        return self.beta_sum / self.verified if self.verified else float("nan")
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Output tokens per wall second (compiles included)."""
+        return self.tokens / self.seconds if self.seconds else float("nan")
+
+
+def _bucket(n: int, cap: int) -> int:
+    """The slot width for inputs of ``n`` tokens: the smallest power of two >= n (at least 16, so 16..256 are
+    ``ENCODE_WIDTHS``), capped at ``max(cap, n)``."""
+    from specjax.decoding.inputs import bucket_length
+
+    return bucket_length(n, cap, minimum=16)
+
+
+@jax.jit
+def _line_keys(key, lines):
+    """uint32[m, 2]: ``fold_in(key, line)`` for every line index int32[m]."""
+    return jax.vmap(lambda i: jax.random.fold_in(key, i))(lines)
+
+
+class BulkDecoder:
+    """Decodes an iterable of inputs through ``batch_size`` decode slots (this module's docstring).
+
+    Args:
+      target: a ``T5Model`` or ``(DecodingModel, params)``.
+      draft: a draft model with the target's vocabulary, a draft source (``PromptLookupDraft``), or None (the
+        target alone; gamma 0 or "auto").
+      batch_size: ``b``, decode slots (rows per loop iteration).
+      gamma: "auto" (see the module docstring), 0 (the target alone) or an int >= 1.
+      max_decode_length: ``T``, the most output tokens per line.
+      eos_id, max_input_length, truncate, verification, draft_confidence_threshold: as ``speculative_sample``.
+      read_ahead: inputs read and sorted at a time, in units of ``batch_size`` (CTranslate2's default is 16).
+      refill: run the loop until at least this many slots are free, then refill them (default ``b // 4``, at
+        least 1); the inserts of a run take groups of ``refill`` × a power of two rows (one program each).
+      candidates, alpha_prior, cost_cache, costs: as ``specjax.Decoder`` (γ auto).
+    Raises:
+      ValueError: a gamma that is not "auto" or an int >= 0, or >= 1 without a draft; batch_size, read_ahead or
+        refill < 1; and every argument ``speculative_sample`` refuses (vocabularies, pad ids, eos_id).
+    """
+
+    def __init__(
+        self,
+        target,
+        draft,
+        *,
+        batch_size: int = 32,
+        gamma: int | str = "auto",
+        max_decode_length: int,
+        eos_id: int = 1,
+        max_input_length: int = 512,
+        truncate: bool = False,
+        verification: str = "token",
+        draft_confidence_threshold: float | None = None,
+        read_ahead: int = 16,
+        refill: int | None = None,
+        candidates: Sequence[int] | None = None,
+        alpha_prior=None,
+        cost_cache=None,
+        costs: dict | None = None,
+    ):
+        from specjax.decoder import CANDIDATES, Decoder
+        from specjax.decoding.inputs import check_int
+        from specjax.decoding.loop import as_draft_source, speculative_sample
+        from specjax.decoding.model import as_decoding_model
+
+        if not (gamma == "auto" or (isinstance(gamma, int) and not isinstance(gamma, bool) and gamma >= 0)):
+            raise ValueError(f"gamma must be 'auto' or an int >= 0 (0: the target alone), got {gamma!r}.")
+        if draft is None and gamma not in ("auto", 0):
+            raise ValueError(f"gamma={gamma} needs a draft; pass draft= or use gamma=0 (the target alone).")
+        self.batch_size = check_int("batch_size", batch_size, 1, "it is the number of decode slots (try 8 to 64).")
+        self.read_ahead = check_int("read_ahead", read_ahead, 1, "it is the inputs sorted at a time, in batches.")
+        q = max(1, self.batch_size // 4) if refill is None else refill
+        self.refill = min(check_int("refill", q, 1, "it is the free slots that start a refill."), self.batch_size)
+        self.max_decode_length = check_int("max_decode_length", max_decode_length, 1, "the most output tokens.")
+        self.max_input_length = check_int("max_input_length", max_input_length, 1, "T5 was trained with 512.")
+        self.eos_id, self.truncate, self.verification = eos_id, truncate, verification
+        self.gamma = gamma
+        self.target_fns, self.target_params = as_decoding_model(target, "target")
+        self.source, self.draft_params = (None, None) if draft is None else as_draft_source(draft)
+        if draft_confidence_threshold is not None and self.source is not None:
+            if not hasattr(self.source, "confidence_threshold"):
+                raise ValueError(
+                    "draft_confidence_threshold needs a draft model; a prompt-lookup proposal has no confidence "
+                    "(drop it)."
+                )
+            self.source = dataclasses.replace(self.source, confidence_threshold=draft_confidence_threshold)
+        dummy = np.array([[eos_id]], np.int32)
+        if draft is not None and gamma != 0:  # every check speculative_sample makes, nothing compiled
+            speculative_sample.check_arguments(
+                target,
+                draft,
+                dummy,
+                gamma=1,
+                max_decode_length=max_decode_length,
+                eos_id=eos_id,
+                verification=verification,
+                draft_confidence_threshold=draft_confidence_threshold,
+            )
+        elif eos_id >= self.target_fns.vocab_size or eos_id < 0:
+            raise ValueError(f"eos_id={eos_id!r} is outside the vocabulary [0, {self.target_fns.vocab_size}).")
+        cand = tuple(CANDIDATES if candidates is None else candidates)
+        self.decoder = None
+        if gamma == "auto":
+            self.decoder = Decoder(
+                target,
+                draft,
+                gamma="auto",
+                max_decode_length=max_decode_length,
+                eos_id=eos_id,
+                max_input_length=max_input_length,
+                truncate=truncate,
+                verification=verification,
+                draft_confidence_threshold=draft_confidence_threshold,
+                candidates=cand,
+                alpha_prior=alpha_prior,
+                cost_cache=cost_cache,
+                costs=costs,
+            )
+            self.max_gamma = max(self.decoder.candidates)
+        else:
+            self.max_gamma = int(gamma)
+        self.stats = BulkStats()
+        self._programs = None
+        self._gamma_now = None
+
+    # --- inputs -------------------------------------------------------------------------------------------------
+    def _check_row(self, index: int, row) -> np.ndarray:
+        """One input as int32[n], checked (ids in the vocabulary, 1 <= n <= max_input_length or cut)."""
+        arr = np.asarray(row)
+        if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+            raise ValueError(f"input {index}: expected a 1-D sequence of token ids, got shape {arr.shape} {arr.dtype}.")
+        pad = self.target_fns.pad_id
+        n = int(np.max(np.nonzero(arr != pad)[0], initial=-1)) + 1  # trailing padding is not part of the input
+        if n == 0:
+            raise ValueError(f"input {index} is empty; every input needs at least one token (T5 inputs end with EOS).")
+        arr = arr[:n].astype(np.int32)
+        if arr.min() < 0 or arr.max() >= self.target_fns.vocab_size:
+            raise ValueError(
+                f"input {index} holds ids outside the vocabulary [0, {self.target_fns.vocab_size}); was it "
+                "encoded with the models' tokenizer?"
+            )
+        if n > self.max_input_length:
+            if not self.truncate:
+                raise ValueError(
+                    f"input {index} has {n} tokens, more than max_input_length={self.max_input_length}; pass "
+                    "truncate=True (CLI: --truncate) to keep its first tokens (ending in EOS)."
+                )
+            ends_in_eos = arr[-1] == self.eos_id
+            arr = arr[: self.max_input_length].copy()
+            if ends_in_eos:
+                arr[-1] = self.eos_id
+        return arr
+
+    # --- γ ----------------------------------------------------------------------------------------------------
+    def _rates(self, costs, alpha: float, mean_length: float, gammas) -> dict:
+        """{γ: predicted tokens/s of the slots}: ``b`` slots each emit E(α, γ) tokens per iteration, and each
+        line costs its share of an encode (``b`` lines)."""
+        from specjax.decoder import expected_tokens
+
+        b = self.batch_size
+        out = {}
+        for g in gammas:
+            per_line = costs.encode[g] / b + mean_length / expected_tokens(alpha, g) * costs.iteration(g) / b
+            out[g] = mean_length / max(per_line, 1e-12)
+        return out
+
+    def _choose(self, tokens: np.ndarray, greedy: float, kinds) -> tuple[int, str]:
+        """(γ, reason) for the slot batch: the best predicted rate among ``kinds`` candidates."""
+        from specjax.decoder import SWITCH_MARGIN
+
+        decoder = self.decoder
+        costs = decoder.costs_for(tokens)
+        alpha = decoder.alpha(greedy)
+        lengths = [x for xs in decoder._lengths.values() for x in xs]
+        mean = float(np.mean(np.concatenate(lengths))) if lengths else max(self.max_decode_length / 4, 1.0)
+        rates = self._rates(costs, alpha, mean, [g for g in kinds if g <= costs.max_gamma])
+        best = max(rates, key=rates.get)
+        last = self._gamma_now
+        if last in rates and rates[best] <= rates[last] * (1 + SWITCH_MARGIN):
+            best = last
+        base = rates.get(0)
+        vs = f", {rates[best] / base:.2f}x the target alone" if base else ""
+        what = "the target alone" if best == 0 else f"γ {best}"
+        table = " ".join(f"{g}:{v:.0f}" for g, v in sorted(rates.items()))
+        return best, f"auto: {what} predicted {rates[best]:.0f} tok/s{vs} (α {alpha:.3f}); by γ {table}"
+
+    # --- the loop ----------------------------------------------------------------------------------------------
+    def generate(
+        self,
+        inputs: Iterable[Sequence[int]],
+        *,
+        rng=None,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        start_index: int = 0,
+        progress: bool | dict = False,
+    ) -> Iterator[LineResult]:
+        """Decodes every input and yields one ``LineResult`` per input, in input order, as soon as it and every
+        earlier input are done.
+
+        Args:
+          inputs: an iterable of token id sequences (int, EOS-terminated as the tokenizer makes them; trailing
+            ``pad_id`` ignored); read lazily, ``read_ahead × batch_size`` at a time.
+          rng: None (seed 0), an int seed or a PRNG key; input ``i`` samples with ``fold_in(key, i)``.
+          temperature, top_k, top_p: as ``speculative_sample`` (one value for every input).
+          start_index: the index of the first input (a resumed run passes the lines already done, so keys and
+            outputs match an uninterrupted run).
+          progress: a tqdm progress bar on stderr (lines, tokens/s, α); a dict is passed to ``tqdm`` (e.g.
+            ``total``, ``initial``, ``desc``).
+        Yields:
+          ``LineResult`` for inputs ``start_index``, ``start_index + 1``, ...
+        Raises:
+          ValueError: an input that is empty, holds ids outside the vocabulary, or is longer than
+            ``max_input_length`` without ``truncate`` (naming its index; raised when its read-ahead window is
+            read, so lines already yielded stay yielded); sampling values out of range.
+        """
+        from specjax.decoding.inputs import raw_keys
+        from specjax.decoding.slots import SlotPrograms
+        from specjax.sampling import SamplingParams, validate_sampling
+
+        validate_sampling(temperature, top_k, top_p)
+        key = raw_keys(rng, 1)
+        if key.ndim != 1:
+            raise ValueError("rng must be one key or an int seed for a bulk decode (line i uses fold_in(key, i)).")
+        key = jax.numpy.asarray(key)
+        greedy = 1.0 if temperature <= 0 else 0.0
+        b, pad = self.batch_size, self.target_fns.pad_id
+        stats = self.stats = BulkStats()
+        t0 = time.perf_counter()
+        bar = None
+        if progress:
+            import sys
+
+            from tqdm import tqdm
+
+            options = dict(unit="line", file=sys.stderr, desc="generate", dynamic_ncols=True)
+            options.update(progress if isinstance(progress, dict) else {})
+            bar = tqdm(**options)
+
+        reader = iter(enumerate(inputs, start_index))
+        pending: list = []  # (index, row) of the current window, longest last (popped first)
+        exhausted = False
+        slot_line = [-1] * b  # host mirror: the input index in each slot, -1 when empty
+        slot_width = 0
+        slots = None
+        finished: dict = {}  # index -> LineResult, waiting for an earlier line
+        next_emit = start_index
+        gamma_now = self._gamma_now  # a later call goes on with the γ the last one ran
+
+        def read_window():
+            nonlocal exhausted
+            window = []
+            for _ in range(self.read_ahead * b):
+                try:
+                    i, row = next(reader)
+                except StopIteration:
+                    exhausted = True
+                    break
+                window.append((i, self._check_row(i, row)))
+            window.sort(key=lambda x: (len(x[1]), -x[0]))  # shortest first; pop() takes the longest
+            return window
+
+        try:
+            while True:
+                # --- fill: the free slots take the longest inputs of the window ---------------------------------
+                free = [s for s in range(b) if slot_line[s] < 0]
+                if free and not pending and not exhausted:
+                    pending = read_window()
+                take = []
+                while pending and len(take) < len(free):
+                    take.append(pending.pop())
+                if take:
+                    longest = max(len(r) for _, r in take)
+                    need = _bucket(max(longest, 1), self.max_input_length)
+                    if self._programs is None:  # the first inputs: choose the kind (γ auto) and build the programs
+                        gamma_now = self._gamma_now = self._first_gamma(take, need, greedy)
+                        self._programs = SlotPrograms.shared(
+                            self.target_fns,
+                            self.source if self.max_gamma > 0 else None,
+                            batch=b,
+                            max_decode_length=self.max_decode_length,
+                            max_gamma=self.max_gamma,
+                            eos_id=self.eos_id,
+                            verification=self.verification,
+                        )
+                    programs = self._programs
+                    if slots is None:
+                        slot_width = need
+                        slots = programs.empty(self.target_params, self.draft_params, slot_width)
+                    elif need > slot_width:
+                        slot_width = need
+                        slots = programs.widen(self.target_params, self.draft_params, slots, slot_width)
+                    m = self.refill
+                    while m < len(take):
+                        m *= 2
+                    m = min(m, b)
+                    tokens = np.full((m, slot_width), pad, np.int32)
+                    ids = np.full((m,), b, np.int32)  # b: dropped
+                    lines = np.zeros((m,), np.int32)
+                    for j, ((i, row), s) in enumerate(zip(take, free)):
+                        tokens[j, : len(row)] = row
+                        ids[j], lines[j] = s, i
+                        slot_line[s] = i
+                    keys = _line_keys(key, lines)
+                    sampling = SamplingParams.broadcast(m, temperature, top_k, top_p)
+                    slots = programs.insert(self.target_params, self.draft_params, slots, tokens, ids, keys, sampling)
+                busy = sum(1 for s in slot_line if s >= 0)
+                if busy == 0:
+                    break
+                # --- run until enough slots are free -------------------------------------------------------------
+                more = bool(pending) or not exhausted
+                idle = b - busy
+                min_done = min(b, idle + self.refill) if more else b
+                slots, iterations = self._programs.run(
+                    self.target_params, self.draft_params, slots, gamma_now, min_done, self.max_decode_length
+                )
+                st = slots.state
+                done, lengths, seqs, c = jax.device_get((st.done, st.positions, st.sequences, st.counters))
+                stats.runs += 1
+                stats.iterations += int(iterations)
+                stats.gammas[gamma_now] = stats.gammas.get(gamma_now, 0) + 1
+                new_alpha = [0.0, 0]
+                out_lengths = []
+                for s in range(b):
+                    if slot_line[s] < 0 or not done[s]:
+                        continue
+                    n = int(lengths[s])
+                    r = LineResult(
+                        slot_line[s],
+                        np.array(seqs[s, :n], np.int32),
+                        int(c.target_calls[s]),
+                        int(c.draft_tokens[s]),
+                        int(c.accepted[s]),
+                        float(c.beta_sum[s]),
+                        int(c.num_verified[s]),
+                        gamma_now,
+                    )
+                    finished[r.index] = r
+                    slot_line[s] = -1
+                    new_alpha[0] += r.beta_sum
+                    new_alpha[1] += r.num_verified
+                    out_lengths.append(n)
+                # --- learn (γ auto) --------------------------------------------------------------------------------
+                if self.decoder is not None and out_lengths:
+                    d = self.decoder
+                    if new_alpha[1]:
+                        d._alpha["greedy" if greedy else "sampled"].add(new_alpha[0], float(new_alpha[1]))
+                    recent = d._lengths.setdefault(b, [])
+                    recent.append(np.asarray(out_lengths, np.int64))
+                    del recent[:-8]
+                    if gamma_now > 0 and stats.runs % RECHOOSE_EVERY == 0:
+                        probe = np.full((b, slot_width), pad, np.int32)
+                        probe[:, 0] = self.eos_id
+                        g, why = self._choose(probe, greedy, d.candidates)  # 0 too: the draft may not pay
+                        if g != gamma_now:
+                            stats.reasons.append(why)
+                        gamma_now = self._gamma_now = g
+                # --- emit in input order ---------------------------------------------------------------------------
+                while next_emit in finished:
+                    r = finished.pop(next_emit)
+                    next_emit += 1
+                    stats.lines += 1
+                    stats.tokens += len(r.tokens)
+                    stats.beta_sum += r.beta_sum
+                    stats.verified += r.num_verified
+                    stats.drafted += r.num_draft_tokens
+                    stats.accepted += r.num_accepted
+                    stats.target_calls += r.num_target_calls
+                    stats.seconds = time.perf_counter() - t0
+                    if stats.first_line_seconds is None:
+                        stats.first_line_seconds = stats.seconds
+                    if bar is not None:
+                        bar.update(1)
+                    yield r
+                stats.seconds = time.perf_counter() - t0
+                if bar is not None:
+                    alpha = f"{stats.alpha:.2f}" if stats.verified else "-"
+                    bar.set_postfix_str(f"{stats.tokens_per_second:.0f} tok/s, α {alpha}, γ {gamma_now}", refresh=False)
+            while next_emit in finished:  # nothing can be left, but never lose a line
+                yield finished.pop(next_emit)
+                next_emit += 1
+        finally:
+            stats.seconds = time.perf_counter() - t0
+            if bar is not None:
+                bar.close()
+
+    def _first_gamma(self, take, width: int, greedy: float) -> int:
+        """The γ of the first run: the fixed γ, or γ auto's choice of kind (and γ) from the costs at ``b`` slots
+        and width ``width`` (measured once per machine and shape, ``Decoder.costs_for``)."""
+        if self.decoder is None:
+            return int(self.gamma)
+        if self.decoder.candidates == (0,):
+            self.max_gamma = 0
+            self.stats.reasons.append("auto: no draft, the target alone")
+            return 0
+        b = self.batch_size
+        probe = np.full((b, width), self.target_fns.pad_id, np.int32)
+        for j in range(b):
+            row = take[j % len(take)][1]
+            probe[j, : len(row)] = row
+        g, why = self._choose(probe, greedy, self.decoder.candidates)
+        self.stats.reasons.append(why)
+        if g == 0:
+            self.max_gamma = 0  # the target alone for the whole run: no draft state in the slots
+        self._gamma_now = g
+        return g
+
+
+def generate_iterable(target, draft, inputs: Iterable[Sequence[int]], **kwargs) -> Iterator[LineResult]:
+    """``BulkDecoder(target, draft, **settings).generate(inputs, **sampling)`` in one call (CTranslate2's
+    ``translate_iterable``): ``kwargs`` are split between the two by name. Yields ``LineResult`` in input order.
+
+    Raises:
+      ValueError: see ``BulkDecoder`` and ``BulkDecoder.generate``.
+    """
+    call = {
+        k: kwargs.pop(k) for k in ("rng", "temperature", "top_k", "top_p", "start_index", "progress") if k in kwargs
+    }
+    return BulkDecoder(target, draft, **kwargs).generate(inputs, **call)
