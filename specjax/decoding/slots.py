@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax.decoding.drafts import DraftSource, decoder_input_at
-from specjax.decoding.inputs import DecodeConfig, split_rows
+from specjax.decoding.inputs import DecodeConfig, split_rows, target_cache_length
 from specjax.decoding.loop import SpecState, speculative_body
 from specjax.decoding.model import DecodingModel
 from specjax.decoding.result import Counters
@@ -125,7 +125,7 @@ class SlotPrograms:
       target, draft: ``DecodingModel`` and draft source (None: the target alone).
       batch: ``b`` slots. max_decode_length: ``T``. max_gamma: ``G`` (0: the target alone).
       eos_id, verification: as ``speculative_sample``.
-      cache_length: ``L`` (``T + G + 1``, as ``speculative_sample`` at γ ``G``; ``T + 1`` for the target alone).
+      cache_length: ``L`` (``target_cache_length(T, G)``, the length every loop gives the target's cache).
     """
 
     def __init__(
@@ -142,7 +142,7 @@ class SlotPrograms:
         self.target, self.draft, self.batch = target, draft, batch
         self.max_decode_length, self.max_gamma = max_decode_length, max_gamma if draft is not None else 0
         self.eos_id, self.verification = eos_id, verification
-        self.cache_length = max_decode_length + self.max_gamma + 1
+        self.cache_length = target_cache_length(max_decode_length, self.max_gamma)  # as speculative_sample's
         self._run = {}
         self._insert = {}
         self._empty = {}
