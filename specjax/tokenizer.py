@@ -159,9 +159,19 @@ class Tokenizer:
         return None if i == self._sp.unk_id() and piece != self._sp.IdToPiece(i) else int(i)
 
     def encode(self, text: str, add_eos: bool = True) -> list[int]:
-        """Token ids of ``text``, with EOS appended (unless ``add_eos=False``)."""
+        """Token ids of ``text``, with EOS appended (unless ``add_eos=False``).
+
+        Raises TypeError for a non-str, ValueError for text that is not valid Unicode (lone surrogates: bytes that
+        were not UTF-8, decoded with ``surrogateescape``, as a command-line argument can be)."""
         if not isinstance(text, str):
             raise TypeError(f"encode takes a str, got {type(text).__name__}.")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(
+                f"the text is not valid UTF-8 (byte {e.start} of {text[:40]!r}); convert it first, e.g. "
+                "`iconv -f latin1 -t utf-8`."
+            ) from None
         ids = list(self._sp.EncodeAsIds(text))
         return ids + [self.eos_id] if add_eos else ids
 
