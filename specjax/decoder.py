@@ -501,7 +501,7 @@ class Decoder:
                 eos_id=eos_id,
                 verification=verification,
                 draft_confidence_threshold=draft_confidence_threshold,
-                **({"num_drafts": num_drafts} if num_drafts > 1 else {}),
+                **({"num_drafts": num_drafts} if isinstance(num_drafts, int) and num_drafts > 1 else {}),
             )
         self.target, self.draft, self.gamma = target, draft, gamma
         self.max_decode_length = max_decode_length

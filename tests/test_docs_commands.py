@@ -159,7 +159,7 @@ def test_the_translate_commands_of_cli_md_run_as_written(tmp_path):
         assert len(lines) == 1 and lines[0] and not lines[0].startswith("#"), run.stdout
         assert "# acceptance rate alpha" in run.stderr
     assert (tmp_path / "cache" / "costs.json").is_file()
-    assert any((tmp_path / "cache" / "xla").rglob("jit__speculative_loop-*"))
+    assert any(p.is_file() for p in (tmp_path / "cache" / "xla").rglob("jit_*"))  # compiled decode programs kept
 
 
 def _blocks_of(text: str):
