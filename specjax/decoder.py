@@ -263,7 +263,7 @@ def measure_costs(target, draft, tokens, max_decode_length: int, max_gamma: int 
     a loop (a bfloat16 model's weights converted for XLA:CPU's float32 dots) is then paid once per loop, not
     per call. Compiled with the XLA:CPU options the loop of that γ uses (``decoding/xla_cpu.py``), on a cache of
     the loop's length (``T + max_gamma + 1``); the least of ``repeats`` runs after a warm-up, per call. The
-    target alone's step (``STEP_WINDOW`` tokens, as ``temperature_sample`` feeds it) and its windows of
+    target alone's step (``baseline.decode_step``, as ``temperature_sample`` runs it) and its windows of
     ``WINDOWS_MEASURED`` tokens are timed, other windows interpolated linearly in the window size; the draft
     step once per distinct compile option set; the encodes once. The
     parts are timed in ``repeats`` interleaved rounds (``_least_seconds_interleaved``), so a burst of load on a
@@ -294,13 +294,19 @@ def measure_costs(target, draft, tokens, max_decode_length: int, max_gamma: int 
     pos = jnp.ones((b,), jnp.int32)
     calls = 12
 
-    def decode_part(fns, params, k: int, options):
-        """(fn, args) running ``calls`` decode calls of ``k`` tokens in one jitted loop."""
+    def decode_part(fns, params, k: int, options, step: bool = False):
+        """(fn, args) running ``calls`` decode calls of ``k`` tokens in one jitted loop (``step``: the target
+        alone's step as its loops run it, ``baseline.decode_step``)."""
+        from specjax.decoding.baseline import decode_step
+
         enc = jax.jit(fns.encode)(params, x)
 
         def chain(params, enc, cache):  # `calls` decode calls in one loop, each fed the last one's argmax
             def body(i, carry):
                 cache, tokens = carry
+                if step:
+                    logits, cache = decode_step(fns, params, enc, tokens, cache, pos + i % 8)
+                    return cache, jnp.argmax(logits, axis=-1).astype(jnp.int32)[:, None]
                 logits, cache = fns.decode(params, enc, tokens, cache, pos + i % 8)
                 return cache, jnp.argmax(logits, axis=-1).astype(jnp.int32)  # [b, k]: every logit is used
 
@@ -311,8 +317,8 @@ def measure_costs(target, draft, tokens, max_decode_length: int, max_gamma: int 
     ks = sorted({k for k in WINDOWS_MEASURED if k <= max_gamma + 1} | {max_gamma + 1} - {1})
     from specjax.decoding.baseline import STEP_WINDOW
 
-    # The target alone's step is fed STEP_WINDOW tokens (one numeric path with the windows): timed as it runs.
-    parts = {("target", 1): decode_part(t_fns, t_params, STEP_WINDOW, _options(b * STEP_WINDOW, t_params, b))}
+    # The target alone's step on the windows' numeric path (STEP_WINDOW, decode_step): timed as it runs.
+    parts = {("target", 1): decode_part(t_fns, t_params, 1, _options(b * STEP_WINDOW, t_params, b), step=True)}
     parts.update({("target", k): decode_part(t_fns, t_params, k, _options(b * k, t_params, b)) for k in ks})
     draft_options: dict = {}  # γ -> the key of the compile options its loop uses (the draft step runs under them)
     for g in range(1, max_gamma + 1):

@@ -363,8 +363,12 @@ class _MeshT5Decoding:
         encoded = self.inner.encode(params, encoder_input_tokens)
         return self._pin_tree(encoded, _encoded_axes(encoded))
 
-    def decode(self, params, encoded, tokens, cache, positions):
-        logits, cache = self.inner.decode(params, encoded, tokens, cache, positions)
+    @property
+    def query_rows(self) -> bool:
+        return getattr(self.inner, "query_rows", False)
+
+    def decode(self, params, encoded, tokens, cache, positions, **kwargs):
+        logits, cache = self.inner.decode(params, encoded, tokens, cache, positions, **kwargs)
         return self._pin(logits, ("batch", None, None)), self._pin_tree(cache, _cache_axes(cache))
 
     def init_cache(self, batch, length):

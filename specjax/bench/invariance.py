@@ -10,11 +10,13 @@ are the compiler's to pick).
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.decoding.baseline import STEP_WINDOW
+from specjax.decoding.baseline import STEP_WINDOW, decode_step
 from specjax.decoding.inputs import target_cache_length
 from specjax.decoding.model import as_decoding_model
 from specjax.decoding.xla_cpu import cpu_compiler_options, program_platform, weights_dtype
@@ -26,7 +28,8 @@ def window_step_mismatch(target, encoder_input_tokens, gamma: int, max_decode_le
     """Counts the logits that differ between a speculative loop's windows and the target alone's steps.
 
     Decoder inputs are ``T + γ + 1`` random token ids per row (``seed``). The target alone's way: one call per
-    position ``i < T``, fed ``STEP_WINDOW`` tokens at ``i``, keeping the first logits. The speculative way:
+    position ``i < T`` as ``temperature_sample`` makes it (``baseline.decode_step``: ``STEP_WINDOW`` tokens at
+    batch 1, one token with ``STEP_WINDOW`` attention query rows from batch 2). The speculative way:
     windows of ``γ + 1`` tokens, the next window starting ``1 .. γ + 1`` positions later (drawn with ``seed``, as
     ragged acceptance would), each position's logits taken from the first window that emitted it. Caches as the
     loops make them (``target_cache_length``); each program compiled with the options its loop uses
@@ -54,11 +57,12 @@ def window_step_mismatch(target, encoder_input_tokens, gamma: int, max_decode_le
 
     tokens = jnp.asarray(np.random.default_rng(seed).integers(3, fns.vocab_size, (b, T + gamma + 1)), jnp.int32)
     encoded = jax.jit(fns.encode)(params, x)
-    step, cache, steps = compiled(STEP_WINDOW * b), fns.init_cache(b, target_cache_length(T)), []
+    options = cpu_compiler_options(STEP_WINDOW * b, dtype, platform, b)
+    step = jax.jit(functools.partial(decode_step, fns), compiler_options=options)  # as the loops run the step
+    cache, steps = fns.init_cache(b, target_cache_length(T)), []
     for i in range(T):
-        fed = jnp.tile(tokens[:, i : i + 1], (1, STEP_WINDOW))
-        logits, cache = step(params, encoded, fed, cache, jnp.full((b,), i, jnp.int32))
-        steps.append(np.asarray(logits[:, 0]))
+        logits, cache = step(params, encoded, tokens[:, i : i + 1], cache, jnp.full((b,), i, jnp.int32))
+        steps.append(np.asarray(logits))
     step_logits = np.stack(steps, 1)
     window, cache = compiled((gamma + 1) * b), fns.init_cache(b, target_cache_length(T, gamma))
     window_logits, n, ragged = np.zeros_like(step_logits), 0, np.random.default_rng(seed + 1)

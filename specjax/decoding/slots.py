@@ -69,10 +69,10 @@ class Slots(NamedTuple):
 
 def target_body(target: DecodingModel, config: DecodeConfig, params, encoded, sampling: SamplingParams):
     """The target alone's iteration over slots, ``SpecState -> SpecState``: one token per unfinished row at its own
-    position. The same per-row arithmetic as ``temperature_sample``'s step (its ``STEP_WINDOW`` tokens, key split,
+    position. The same per-row arithmetic as ``temperature_sample``'s step (``baseline.decode_step``, key split,
     ``sample_next``, the EOS and length rules), so a row's tokens equal that call's for the row's key;
     ``target_calls`` counts the row's tokens."""
-    from specjax.decoding.baseline import STEP_WINDOW, sample_next
+    from specjax.decoding.baseline import decode_step, sample_next
 
     T, pad_id = config.max_decode_length, target.pad_id
 
@@ -81,11 +81,10 @@ def target_body(target: DecodingModel, config: DecodeConfig, params, encoded, sa
         b = n.shape[0]
         with jax.named_scope("step"):
             token_b1 = decoder_input_at(state.sequences, n, pad_id)[:, None]
-            tokens = jnp.tile(token_b1, (1, STEP_WINDOW))  # [b, 2]: the input and a filler, as temperature_sample
-            logits, cache = target.decode(params, encoded, tokens, state.target_cache, n)
+            logits, cache = decode_step(target, params, encoded, token_b1, state.target_cache, n)
         with jax.named_scope("sample"):
             next_keys, sample_keys = split_rows(state.keys, 2)
-            token = sample_next(sample_keys, logits[:, 0], sampling)
+            token = sample_next(sample_keys, logits, sampling)
             active = ~state.done
             idx = jnp.where(active, n, T)  # T is out of bounds: dropped
             sequences = state.sequences.at[jnp.arange(b), idx].set(token, mode="drop")

@@ -396,7 +396,7 @@ class Projections(nn.Module):
         k, v = self.kv(x)
         return jnp.transpose(k, (0, 2, 3, 1)), jnp.swapaxes(v, 1, 2)
 
-    def attend(self, q_btnh, k_bnsh, v_bnsh, bias_bnts, keys_hs: bool = False):
+    def attend(self, q_btnh, k_bnsh, v_bnsh, bias_bnts, keys_hs: bool = False, keep_rows: int | None = None):
         """Softmax attention (float32 scores, no 1/sqrt(h) scaling) -> [b, t, d].
 
         Keys and values are heads-first [b, n, s, h], and the small queries are moved heads-first too
@@ -405,7 +405,8 @@ class Projections(nn.Module):
         small pair's self-attention measured 2.8-4.9x faster so (a bfloat16 window of 6 rows 58 -> 21 µs a
         layer, a float32 one-token step 25 -> 5 µs) and a window's cross-attention 2.4x
         (``benchmarks/attention_layout.py``, ``benchmarks/results/cpu_kernels/``).
-        ``keys_hs``: the keys are [b, n, h, s] instead (``kv_memory``).
+        ``keys_hs``: the keys are [b, n, h, s] instead (``kv_memory``). ``keep_rows``: only the first this many
+        query rows go through the output projection (``query_rows`` of ``decode``: the copies are dropped).
         """
         cfg = self.config
         q_bnth = jnp.swapaxes(q_btnh, 1, 2)
@@ -418,7 +419,17 @@ class Projections(nn.Module):
         # output is rounded once to the compute dtype, as the compute-dtype dot rounds its float32 sums.
         out_bnth = jnp.einsum("bnts,bnsh->bnth", weights, v_bnsh).astype(cfg.compute_dtype)
         out_btnh = jnp.swapaxes(out_bnth, 1, 2)
+        if keep_rows is not None:
+            out_btnh = out_btnh[:, :keep_rows]
         return self.out(out_btnh.reshape(out_btnh.shape[:2] + (cfg.num_heads * cfg.head_dim,)))
+
+
+def _with_query_rows(q_btnh, rows: int | None):
+    """Queries [b, t, n, h] -> [b, max(t, rows), n, h]: the last row repeated (``decode``'s ``query_rows``)."""
+    t = q_btnh.shape[1]
+    if rows is None or rows <= t:
+        return q_btnh
+    return jnp.concatenate([q_btnh, jnp.repeat(q_btnh[:, -1:], rows - t, axis=1)], axis=1)
 
 
 def _attend_window(
@@ -549,15 +560,19 @@ class DecoderLayer(nn.Module):
         """[b, s, d] -> cross-attention keys [b, n, h, s], values [b, n, s, h] (``Encoded``)."""
         return self.encoder_decoder_attention.kv_memory(encoded_bsd)
 
-    def __call__(self, x, self_kv, self_bias, cross_kv, cross_bias, write, read=None):
+    def __call__(self, x, self_kv, self_bias, cross_kv, cross_bias, write, read=None, query_rows=None):
         """x: [b, k, d]; self_kv: cached (k, v) [b, n, L, h]; write(cache, new) stores the window.
 
         ``read``: what attention reads of a written cache (``read(cache)`` [b, n, L, h]); None: the cache itself.
         The scanned decoder passes the whole stacked cache [l, b, n, L, h] as ``self_kv``, writes the window into
         it in place and reads this layer's slice (``decode_scanned``).
 
+        ``query_rows`` (> k): both attentions run with the queries padded to this many rows by repeating the
+        last (the biases have this many rows) and keep the first k; the projections and the MLP see k rows.
+
         Returns (x, (k, v)) with the window's keys/values written into the cache.
         """
+        k_rows = x.shape[1] if query_rows is not None and query_rows > x.shape[1] else None
         with jax.named_scope("self_attention"):
             y = self.pre_self_attention_layer_norm(x)
             new_k, new_v = self.self_attention.kv(y)
@@ -565,7 +580,9 @@ class DecoderLayer(nn.Module):
             seen_k, seen_v = (k, v) if read is None else (read(k), read(v))
             x = x + _dropout(
                 self,
-                self.self_attention.attend(self.self_attention.q(y), seen_k, seen_v, self_bias),
+                self.self_attention.attend(
+                    _with_query_rows(self.self_attention.q(y), query_rows), seen_k, seen_v, self_bias, keep_rows=k_rows
+                ),
                 self.dropout_rate,
                 _length_shared(self.dropout_style),
             )
@@ -574,7 +591,12 @@ class DecoderLayer(nn.Module):
             x = x + _dropout(
                 self,
                 self.encoder_decoder_attention.attend(
-                    self.encoder_decoder_attention.q(y), cross_kv[0], cross_kv[1], cross_bias, keys_hs=True
+                    _with_query_rows(self.encoder_decoder_attention.q(y), query_rows),
+                    cross_kv[0],
+                    cross_kv[1],
+                    cross_bias,
+                    keys_hs=True,
+                    keep_rows=k_rows,
                 ),
                 self.dropout_rate,
                 _length_shared(self.dropout_style),
@@ -671,19 +693,21 @@ class Decoder(nn.Module):
         ks, vs = zip(*(layer.cross_kv(encoded_bsd) for layer in self.layers))
         return tuple(ks), tuple(vs)
 
-    def __call__(self, x_bkd, positions_b, cache: KVCache, encoded: Encoded, embedder):
+    def __call__(self, x_bkd, positions_b, cache: KVCache, encoded: Encoded, embedder, query_rows=None):
         cfg = self.config
         b, k = x_bkd.shape[:2]
+        r = max(k, query_rows or k)  # attention's query rows (``decode``'s ``query_rows``)
         cache_len = cache.k[0].shape[2]
-        query_pos = positions_b[:, None] + jnp.arange(k, dtype=jnp.int32)[None, :]  # [b, k]
-        # Causal relative-position bias [b, n, k, L]: a gather from a per-distance table (the last column
+        query_pos_r = positions_b[:, None] + jnp.arange(r, dtype=jnp.int32)[None, :]  # [b, r]
+        query_pos = query_pos_r[:, :k]  # [b, k]: the rows written
+        # Causal relative-position bias [b, n, r, L]: a gather from a per-distance table (the last column
         # is NEG_INF for slots after the query), rather than bucketing (a log) every slot every step.
-        distance = query_pos[:, :, None] - jnp.arange(cache_len, dtype=jnp.int32)  # [b, k, L]
-        # Distances run up to L + k - 1 (a window may reach past the cache; its writes are dropped).
-        column = jnp.where(distance >= 0, distance, cache_len + k)
+        distance = query_pos_r[:, :, None] - jnp.arange(cache_len, dtype=jnp.int32)  # [b, r, L]
+        # Distances run up to L + r - 1 (a window may reach past the cache; its writes are dropped).
+        column = jnp.where(distance >= 0, distance, cache_len + r)
 
         def causal_bias(relpos_bias):
-            return _causal_bias(relpos_bias, column, cache_len + k)
+            return _causal_bias(relpos_bias, column, cache_len + r)
 
         shared_bias = None if cfg.per_layer_relpos_bias else causal_bias(self.relpos_bias)
         cross_bias = jnp.where(encoded.mask[:, None, None, :], 0.0, NEG_INF)  # [b, 1, 1, s]
@@ -701,7 +725,13 @@ class Decoder(nn.Module):
         for i, layer in enumerate(self.layers):
             self_bias = shared_bias if shared_bias is not None else causal_bias(layer.relpos_bias)  # [b, n, k, L]
             x_bkd, (lk, lv) = layer(
-                x_bkd, (cache.k[i], cache.v[i]), self_bias, (encoded.cross_k[i], encoded.cross_v[i]), cross_bias, write
+                x_bkd,
+                (cache.k[i], cache.v[i]),
+                self_bias,
+                (encoded.cross_k[i], encoded.cross_v[i]),
+                cross_bias,
+                write,
+                query_rows=r if r > k else None,
             )
             new_k.append(lk)
             new_v.append(lv)
@@ -863,8 +893,8 @@ class Transformer(nn.Module):
         cross_k, cross_v = self.decoder.cross_kv(hidden)
         return hidden, Encoded(mask, cross_k, cross_v)
 
-    def decode(self, encoded, tokens, cache, positions):
-        return self.decoder(self.token_embedder(tokens), positions, cache, encoded, self.token_embedder)
+    def decode(self, encoded, tokens, cache, positions, query_rows=None):
+        return self.decoder(self.token_embedder(tokens), positions, cache, encoded, self.token_embedder, query_rows)
 
     def decode_branches(self, encoded, tokens_bm, cache, positions, width: int):
         return self.decoder.branches(
@@ -954,7 +984,14 @@ def encoder_outputs(config: T5Config, params: Params, encoder_input_tokens) -> j
 
 
 def decode(
-    config: T5Config, params: Params, encoded: Encoded, tokens, cache: KVCache, positions, slice_rows: bool = False
+    config: T5Config,
+    params: Params,
+    encoded: Encoded,
+    tokens,
+    cache: KVCache,
+    positions,
+    slice_rows: bool = False,
+    query_rows: int | None = None,
 ):
     """Scores a window of ``k`` decoder tokens per row, each row at its own position.
 
@@ -971,6 +1008,11 @@ def decode(
       positions: int32[b], the position of each row's first window token.
       slice_rows: write the window into the cache with dynamic slices (``Transformer.slice_rows``; TPU / GPU
         programs); the same values.
+      query_rows: None, or a static int > k: the attentions run as for a window of this many rows (the last
+        token's query repeated, its position one further each; those rows' outputs dropped), while the
+        projections, the MLP and the logits see the k real rows. A step (k = 1) at ``query_rows=2`` gives the
+        logits of the first row of a 2-token window bit for bit at half the dense work
+        (``specjax.decoding.baseline.STEP_WINDOW``).
     Returns:
       (logits float32[b, k, v], updated cache).
     """
@@ -980,6 +1022,7 @@ def decode(
         jnp.asarray(tokens, jnp.int32),
         cache,
         jnp.asarray(positions, jnp.int32),
+        query_rows,
         method=Transformer.decode,
     )
 
@@ -1285,19 +1328,21 @@ def _encoder_norm(module: "Transformer", x_bsd):
     return module.encoder.encoder_norm(x_bsd)
 
 
-def _decoder_inputs(module: "Transformer", tokens_bk, positions_b, mask_bs, cache_len: int):
+def _decoder_inputs(module: "Transformer", tokens_bk, positions_b, mask_bs, cache_len: int, query_rows=None):
     """Embeddings [b, k, d], query positions int32[b, k], causal columns int32[b, k, L] (``_causal_bias``), the
     self-attention bias float32[b, n, k, L] the layers share (None with per-layer tables: umT5) and the
-    cross-attention bias float32[b, 1, 1, s] of a window, as ``Decoder.__call__`` computes them."""
+    cross-attention bias float32[b, 1, 1, s] of a window, as ``Decoder.__call__`` computes them (the biases and
+    columns with ``max(k, query_rows)`` rows, the query positions of the k written rows)."""
     k = tokens_bk.shape[1]
-    query_pos = positions_b[:, None] + jnp.arange(k, dtype=jnp.int32)[None, :]  # [b, k]
-    distance = query_pos[:, :, None] - jnp.arange(cache_len, dtype=jnp.int32)  # [b, k, L]
-    column = jnp.where(distance >= 0, distance, cache_len + k)
+    r = max(k, query_rows or k)
+    query_pos = positions_b[:, None] + jnp.arange(r, dtype=jnp.int32)[None, :]  # [b, r]
+    distance = query_pos[:, :, None] - jnp.arange(cache_len, dtype=jnp.int32)  # [b, r, L]
+    column = jnp.where(distance >= 0, distance, cache_len + r)
     shared = None
     if not module.config.per_layer_relpos_bias:
-        shared = _causal_bias(module.decoder.relpos_bias, column, cache_len + k)
+        shared = _causal_bias(module.decoder.relpos_bias, column, cache_len + r)
     cross_bias = jnp.where(mask_bs[:, None, None, :], 0.0, NEG_INF)
-    return module.token_embedder(tokens_bk), query_pos, column, shared, cross_bias
+    return module.token_embedder(tokens_bk), query_pos[:, :k], column, shared, cross_bias
 
 
 def _decoder_head(module: "Transformer", y_bkd):
@@ -1344,7 +1389,14 @@ def encode_scanned(config: T5Config, params: Params, encoder_input_tokens) -> En
 
 
 def decode_scanned(
-    config: T5Config, params: Params, encoded: Encoded, tokens, cache: KVCache, positions, slice_rows: bool = False
+    config: T5Config,
+    params: Params,
+    encoded: Encoded,
+    tokens,
+    cache: KVCache,
+    positions,
+    slice_rows: bool = False,
+    query_rows: int | None = None,
 ):
     """``decode`` with the layers under ``lax.scan``: the same contract and values.
 
@@ -1361,7 +1413,7 @@ def decode_scanned(
       tokens: int32[b, k] decoder input tokens.
       cache: ``KVCache`` of stacked arrays [l, b, n, L, h] (``init_cache(..., stacked=True)``).
       positions: int32[b], the position of each row's first window token.
-      slice_rows: see ``decode``.
+      slice_rows, query_rows: see ``decode``.
     Returns:
       (logits float32[b, k, v], updated stacked cache).
     Raises:
@@ -1377,9 +1429,11 @@ def decode_scanned(
         positions,
         encoded.mask,
         cache_len,
+        query_rows,
         method=_decoder_inputs,
     )
     b, k = x_bkd.shape[:2]
+    r = max(k, query_rows or k)
     rows = jnp.arange(b)[:, None]
     in_place = _slices_fit(slice_rows, b, k, cache_len)
     layer = DecoderLayer(config, parent=None)
@@ -1390,7 +1444,7 @@ def decode_scanned(
         layer_params = _untranspose_layer("decoder", layer_params)
         self_bias = shared_bias  # [b, n, k, L]
         if self_bias is None:  # umT5: this layer's own table
-            self_bias = layer.apply({"params": layer_params}, column, cache_len + k, method=_layer_causal_bias)
+            self_bias = layer.apply({"params": layer_params}, column, cache_len + r, method=_layer_causal_bias)
 
         def write(stacked_lbnLh, new_bknh):
             if in_place:
@@ -1403,7 +1457,15 @@ def decode_scanned(
             return jax.lax.dynamic_index_in_dim(stacked_lbnLh, i, 0, keepdims=False)
 
         x, (cache_k, cache_v) = layer.apply(
-            {"params": layer_params}, x, (cache_k, cache_v), self_bias, (cross_k, cross_v), cross_bias, write, read
+            {"params": layer_params},
+            x,
+            (cache_k, cache_v),
+            self_bias,
+            (cross_k, cross_v),
+            cross_bias,
+            write,
+            read,
+            r if r > k else None,
         )
         return (x, cache_k, cache_v), None
 
