@@ -45,7 +45,9 @@ def test_eight_devices_and_mesh_shape(eight_devices):
     assert eight_devices["mesh_shape"] == {"data": 2, "model": 4}
 
 
-@pytest.mark.parametrize("case", ["greedy", "sampled", "speculative_sampled", "speculative_mixed"])
+@pytest.mark.parametrize(
+    "case", ["greedy", "sampled", "speculative_sampled", "speculative_mixed", "speculative_multi_draft"]
+)
 def test_identical_to_one_device(eight_devices, case):
     r = eight_devices[case]
     assert r["data_parallel_equal"], f"{case}: data parallel over 8 devices differs from one device"
