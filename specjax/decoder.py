@@ -34,13 +34,26 @@ does not drive the choice to the program not yet timed. Every ``EXPLORE_EVERY`` 
 that long, so a factor learned in a busy moment is renewed. A program's first call compiles: its wall time is
 never used, so compile time is never charged to a choice (it still teaches α).
 
-``num_drafts="auto"`` chooses the number of draft continuations per target call (multi-draft verification,
-``speculative_sample(..., num_drafts=k)``) among ``NUM_DRAFTS_CANDIDATES`` for the γ chosen above, from measured
-tokens/s of finished calls (programs that did not compile) at this batch size and γ: one draft unless a k > 1
-has measured faster. Every ``EXPLORE_EVERY`` calls at a batch size the least measured k > 1 runs once (and once
-more right after, when that first run compiled, so it is timed). The γ cost model stays single-draft: calls with
-k > 1 teach α and their own tokens/s, not the time factor. On a 2-core AMD EPYC (Zen 4) k = 2 and 4 raised tokens
-per target call 1.11-1.29× but lowered tokens/s (``benchmarks/results/multi_draft/``): one draft stays the choice.
+Multi-draft verification (``speculative_sample(..., num_drafts=k)``). With ``gamma="auto"`` and ``num_drafts="auto"``
+(or a fixed k > 1) γ and k are chosen together: for each k > 1 in ``NUM_DRAFTS_CANDIDATES`` and γ >= 1,
+
+    seconds(γ, k) = factor(k drafts) · (encode(γ) + iterations · (branch window(γ, k) + draft step + (γ − 1) ·
+                    draft step on b · k rows)),
+
+the k-branch window (``decode_branches``, k · (γ + 1) rows per row) and the draft's step on b · k rows measured
+with the rest (``measure_costs(..., num_drafts=...)``), the iterations under the same model with the first draft
+position accepted with ``α · lift(k)`` and the later ones with α (``expected_iterations_table(..., first=)``):
+``lift(k)`` is the first position's accepted iterations per iteration in calls of k drafts over that in calls of
+one (greedy and sampled rows apart), 1 until both have run. So before a k > 1 has run it is predicted slower than
+one draft (more cost, no gain) and one draft is chosen; every ``EXPLORE_EVERY`` calls at a batch size a k-draft kind
+never run there is explored (and rerun right after, its first call having compiled, to time it), and then k > 1 runs
+whenever it is predicted faster. ``factor(k drafts)`` is learned from its own calls (the single-draft factor until
+then). On a 2-core AMD EPYC (Zen 4) k = 2 and 4 raised tokens per target call 1.11-1.29× but lowered tokens/s
+(``benchmarks/results/multi_draft/``): there one draft stays the choice.
+
+With a fixed γ, ``num_drafts="auto"`` chooses k from measured tokens/s of finished calls (programs that did not
+compile) at this batch size and γ: one draft unless a k > 1 has measured faster; every ``EXPLORE_EVERY`` calls the
+least measured k > 1 runs once (and once more right after, when that first run compiled).
 
 α starts from a prior — the shipped pair's recorded α (``specjax.defaults.PAIR_ALPHA``), else 0.6 — and is
 updated after every finished call from its ``DecodeResult`` (the paper's α: Σ β / Σ verified positions), with
@@ -72,7 +85,9 @@ __all__ = [
     "expected_iterations",
     "expected_iterations_table",
     "expected_tokens",
+    "expected_tokens_multi",
     "measure_costs",
+    "BRANCH_WINDOWS_MEASURED",
 ]
 
 CANDIDATES = tuple(range(9))
@@ -514,9 +529,9 @@ class Decoder:
       max_decode_length: ``T``, the most output tokens per row.
       eos_id, max_input_length, truncate, verification, draft_confidence_threshold: as ``speculative_sample``.
       num_drafts: as ``speculative_sample`` (1..4, draft continuations per target call) for every speculative
-        call, or "auto": chosen per call among ``NUM_DRAFTS_CANDIDATES`` from measured tokens/s (module
-        docstring; one draft until a k > 1 measures faster). A fixed k > 1 needs a fixed ``gamma`` (γ auto's cost
-        model is single-draft). ``last_num_drafts`` says what the last call ran.
+        call, or "auto": chosen per call among ``NUM_DRAFTS_CANDIDATES`` (module docstring; one draft until a
+        k > 1 is predicted or measured faster); with ``gamma="auto"`` γ and k are chosen together from measured
+        costs, and a fixed k > 1 has γ chosen for it. ``last_num_drafts`` says what the last call ran.
       candidates: the γ values "auto" picks from (default 0..8).
       alpha_prior: the α to start from: a float or (greedy, sampled); None: the shipped pair's recorded α
         (``recorded_alpha``), else ``DEFAULT_ALPHA``.
@@ -526,7 +541,7 @@ class Decoder:
     Raises:
       ValueError: a gamma that is not "auto" or an int >= 0; a draft of None with gamma >= 1; a draft
         ``speculative_sample`` refuses (another vocabulary or pad id; checked here, with every γ); candidates
-        outside 0..8 or empty; alpha_prior outside [0, 1]; num_drafts outside 1..4, or > 1 with gamma "auto".
+        outside 0..8 or empty; alpha_prior outside [0, 1]; num_drafts not "auto" nor in 1..4.
     """
 
     def __init__(

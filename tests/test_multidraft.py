@@ -442,7 +442,7 @@ def test_decoder_chooses_gamma_and_num_drafts_jointly_from_costs(tiny_pair, mach
     row of 20 tokens, the decoder's prior). A CPU-like machine, where a k-branch window and the draft's k rows
     cost k times one chain's, keeps k = 1; a TPU-like one, where the window costs about the same, takes k = 4.
     Before any k > 1 has run (no lift measured) k = 1 is chosen on both."""
-    from specjax.decoder import Costs, Decoder, _Running
+    from specjax.decoder import Costs, Decoder, _Running, expected_tokens, expected_tokens_multi
 
     target, draft = tiny_pair
     window = [0.010, 0.012, 0.013, 0.015, 0.018, 0.020, 0.024, 0.027, 0.030]  # seconds, chain window of γ + 1
@@ -475,6 +475,9 @@ def test_decoder_chooses_gamma_and_num_drafts_jointly_from_costs(tiny_pair, mach
         assert got[key] == pytest.approx(expected[key], rel=1e-9), key
     best = max(expected, key=expected.get)
     assert (choice.gamma, choice.num_drafts) == best
+    for g in range(1, 9):  # tokens per iteration: the paper's at first = α; 1 + first · (1 + α + … + α^(γ−1))
+        assert expected_tokens_multi(alpha, alpha, g) == pytest.approx(expected_tokens(alpha, g), rel=1e-12)
+        assert expected_tokens_multi(alpha, 0.9, g) == pytest.approx(1 + 0.9 * sum(alpha**j for j in range(g)))
     assert best[1] == (1 if machine == "cpu-like" else 4), best
     if best[1] > 1:
         assert f"with {best[1]} drafts" in choice.reason

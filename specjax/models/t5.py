@@ -1416,15 +1416,16 @@ def decode_branches(config: T5Config, params: Params, encoded: Encoded, tokens, 
     """Scores ``k`` branches of ``w`` decoder tokens per row in one call, without writing the cache.
 
     Branch ``j`` of row ``b`` holds tokens ``tokens[b, j, 0..w-1]`` at decoder positions ``positions[b] ..
-    positions[b] + w - 1``. Every branch attends to the row's committed cache slots ``< positions[b]`` (read,
-    never copied: a cache slot at or past the position is stale and masked) and to its own earlier tokens
-    and itself (a tree mask over the ``m = k · w`` query rows), with T5's relative position bias of the
-    true distances; all branches share the row's one cross-attention memory (``encoded``: no copy per branch).
-    A branch gives the logits a chain window ``decode`` of its ``w`` tokens would up to float rounding, not bit
-    for bit: its attention sums the cache's slots and its own keys in another order (one softmax over [L + k · w]
-    entries, two value products added), so on the bfloat16 path a near-tie may go the other way (float32: equal to
-    1e-6, and greedy multi-draft output equals the target alone's in the tests).
-    Keep one branch's keys/values with ``commit_branch``.
+    positions[b] + w - 1``. Every branch attends to the row's committed cache slots ``< positions[b]`` (a cache
+    slot at or past the position is stale and masked) and to its own earlier tokens and itself, with T5's relative
+    position bias of the true distances, exactly as a chain window ``decode`` of its ``w`` tokens does: its
+    self-attention reads its own copy of the layer's cache with its window written at its slots (``_branch_caches``:
+    ``k`` copies of the cache per layer, transient), over the whole cache length, with the chain window's mask and
+    ``fixed_order_softmax``. So a branch's logits are the chain window's bit for bit wherever the dense layers'
+    dots round ``k · w`` rows as they round ``w`` (bfloat16 on XLA:CPU: one kernel from 2 to 256 rows; float32
+    below about 40 rows; docs/performance.md, "Window invariance"), and greedy multi-draft output is the target
+    alone's. All branches share the row's one cross-attention memory (``encoded``: no copy per branch). The cache
+    passed in is not written; keep one branch's keys/values with ``commit_branch``.
 
     Args:
       config, params: the model (unstacked parameters).
