@@ -337,7 +337,7 @@ def _cache_axes(cache: t5.KVCache) -> t5.KVCache:
 class _MeshT5Decoding:
     """``T5Decoding`` plus ``with_sharding_constraint`` on what the loop carries (encoder outputs and caches:
     batch over data, heads over model) and on the logits [b, k, v] (batch only: the vocabulary is gathered
-    once per call before sampling)."""
+    once per call before sampling); a ``BranchDecodingModel`` too, so ``num_drafts`` > 1 runs on a mesh."""
 
     inner: T5Decoding
     mesh: Mesh
@@ -373,6 +373,24 @@ class _MeshT5Decoding:
 
     def init_cache(self, batch, length):
         cache = self.inner.init_cache(batch, length)
+        return self._pin_tree(cache, _cache_axes(cache))
+
+    # Multi-draft verification (``num_drafts`` > 1): the branch window's logits [b, k, w, v] batch only, the caches
+    # as above; a branch window's keys/values [(l,) b, k · w, n, h] are left to the partitioner (used once, then
+    # committed).
+    def decode_branches(self, params, encoded, tokens, cache, positions):
+        logits, window = self.inner.decode_branches(params, encoded, tokens, cache, positions)
+        return self._pin(logits, ("batch", None, None, None)), window
+
+    def commit_branch(self, cache, window, branch, positions, width: int):
+        cache = self.inner.commit_branch(cache, window, branch, positions, width)
+        return self._pin_tree(cache, _cache_axes(cache))
+
+    def fork_rows(self, tree, k: int):
+        return self.inner.fork_rows(tree, k)
+
+    def take_rows(self, cache, rows):
+        cache = self.inner.take_rows(cache, rows)
         return self._pin_tree(cache, _cache_axes(cache))
 
 

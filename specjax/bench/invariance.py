@@ -21,7 +21,7 @@ from specjax.decoding.inputs import target_cache_length
 from specjax.decoding.model import as_decoding_model
 from specjax.decoding.xla_cpu import cpu_compiler_options, program_platform, weights_dtype
 
-__all__ = ["window_step_mismatch"]
+__all__ = ["window_step_mismatch", "branch_step_mismatch"]
 
 
 def window_step_mismatch(target, encoder_input_tokens, gamma: int, max_decode_length: int, seed: int = 0) -> dict:
@@ -76,6 +76,70 @@ def window_step_mismatch(target, encoder_input_tokens, gamma: int, max_decode_le
         "differ": int(np.sum(window_logits != step_logits)),
         "total": int(step_logits.size),
         "argmax_differ": int(np.sum(window_logits.argmax(-1) != step_logits.argmax(-1))),
+        "max_abs": float(diff.max()),
+        "dtype": jnp.dtype(dtype).name,
+    }
+
+
+def branch_step_mismatch(
+    target, encoder_input_tokens, gamma: int, num_drafts: int, max_decode_length: int, seed: int = 0
+) -> dict:
+    """Counts the logits that differ between multi-draft branch windows and the target alone's steps.
+
+    As ``window_step_mismatch``, with each window scored as ``num_drafts`` branches in one call
+    (``decode_branches``): at each window one branch, drawn with ``seed``, holds the true next ``γ + 1`` decoder
+    tokens and the others random ones (their first token too, as the draft's other candidates would be); the true
+    branch's logits are compared with the steps' and its keys/values committed (``commit_branch``), as the loop
+    commits the kept branch. Caches as the loops make them (``target_cache_length``).
+
+    Args:
+      target: a ``T5Model`` or ``(DecodingModel, params)`` (a model with ``decode_branches``).
+      encoder_input_tokens: int32[b, s].
+      gamma: γ >= 1. num_drafts: k >= 1 branches per window. max_decode_length: ``T`` >= 1 (positions compared).
+    Returns:
+      dict: ``differ``, ``total``, ``argmax_differ``, ``max_abs``, ``dtype`` as ``window_step_mismatch``.
+    Raises:
+      ValueError: gamma, num_drafts or max_decode_length below 1.
+    """
+    if gamma < 1 or num_drafts < 1 or max_decode_length < 1:
+        raise ValueError(
+            f"gamma, num_drafts and max_decode_length must be >= 1, got {gamma}, {num_drafts} and {max_decode_length}."
+        )
+    fns, params = as_decoding_model(target, "target")
+    x = jnp.asarray(encoder_input_tokens, jnp.int32)
+    b, T, k, w = x.shape[0], max_decode_length, num_drafts, gamma + 1
+    dtype, platform = weights_dtype(params), program_platform(params)
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(3, fns.vocab_size, (b, T + w))
+    encoded = jax.jit(fns.encode)(params, x)
+    step = jax.jit(fns.decode, compiler_options=cpu_compiler_options(STEP_WINDOW * b, dtype, platform, b))
+    cache, steps = fns.init_cache(b, target_cache_length(T)), []
+    for i in range(T):
+        fed = jnp.tile(jnp.asarray(tokens[:, i : i + 1], jnp.int32), (1, STEP_WINDOW))
+        logits, cache = step(params, encoded, fed, cache, jnp.full((b,), i, jnp.int32))
+        steps.append(np.asarray(logits[:, 0]))
+    step_logits = np.stack(steps, 1)
+    options = cpu_compiler_options(k * w * b, dtype, platform, b)
+    branches = jax.jit(fns.decode_branches, compiler_options=options)
+    commit = jax.jit(fns.commit_branch, static_argnums=4)
+    cache, n = fns.init_cache(b, target_cache_length(T, gamma)), 0
+    branch_logits = np.zeros_like(step_logits)
+    while n < T:
+        window = rng.integers(3, fns.vocab_size, (b, k, w))
+        window[:, :, 0] = tokens[:, n, None]  # every branch starts from the row's last token
+        true = rng.integers(0, k, b)
+        window[np.arange(b), true] = tokens[:, n : n + w]
+        positions = jnp.full((b,), n, jnp.int32)
+        logits, win = branches(params, encoded, jnp.asarray(window, jnp.int32), cache, positions)
+        cache = commit(cache, win, jnp.asarray(true, jnp.int32), positions, w)
+        emitted = min(int(rng.integers(1, w + 1)), T - n)
+        branch_logits[:, n : n + emitted] = np.asarray(logits)[np.arange(b), true, :emitted]
+        n += emitted
+    diff = np.abs(branch_logits - step_logits)
+    return {
+        "differ": int(np.sum(branch_logits != step_logits)),
+        "total": int(step_logits.size),
+        "argmax_differ": int(np.sum(branch_logits.argmax(-1) != step_logits.argmax(-1))),
         "max_abs": float(diff.max()),
         "dtype": jnp.dtype(dtype).name,
     }
