@@ -230,6 +230,12 @@ def _allgather(tree: dict) -> dict:
     return jax.tree.map(np.asarray, multihost_utils.process_allgather(tree, tiled=False))
 
 
+def _processes() -> tuple[int, int, Callable[[dict], dict]]:
+    """(this process's index, the process count, the exchange of ``merge_processes``): JAX's multi-controller
+    runtime (``jax.process_index()``, ``jax.process_count()``, ``process_allgather``)."""
+    return jax.process_index(), jax.process_count(), _allgather
+
+
 def merge_processes(
     local: Iterator[LineResult],
     exchange: Callable[[dict], dict] | None,
@@ -500,7 +506,7 @@ class BulkDecoder:
         if key.ndim != 1:
             raise ValueError("rng must be one key or an int seed for a bulk decode (line i uses fold_in(key, i)).")
         key = jax.numpy.asarray(key)
-        count, me = jax.process_count(), jax.process_index()
+        me, count, exchange = _processes()
         stats = self.stats = BulkStats()
         t0 = time.perf_counter()
         bar = None
@@ -515,7 +521,7 @@ class BulkDecoder:
         pairs = process_share(enumerate(inputs, start_index), me, count)
         stream = self._decode(pairs, key, temperature, top_k, top_p, t0)
         if count > 1:
-            stream = merge_processes(stream, None, self.read_ahead * self.batch_size, self.max_decode_length)
+            stream = merge_processes(stream, exchange, self.read_ahead * self.batch_size, self.max_decode_length)
         try:
             for r in stream:
                 if bar is not None:
