@@ -64,6 +64,8 @@ __all__ = [
     "batch_sharding",
     "process_mesh",
     "host_loading",
+    "is_process_zero",
+    "value_of_process_zero",
     "decode_fn_from_flags",
     "ParallelRunner",
     "num_compiled_programs",
@@ -456,6 +458,22 @@ def process_mesh(data_parallel: bool = False, mesh: str | None = None) -> Mesh |
     if not (data_parallel or mesh):
         return None
     return make_mesh(mesh or None, devices=jax.local_devices())
+
+
+def is_process_zero() -> bool:
+    """True on process 0 (``jax.process_index() == 0``; always on one process): the one that writes outputs."""
+    return jax.process_index() == 0
+
+
+def value_of_process_zero(value: int) -> int:
+    """``value`` as process 0 has it, on every process (``multihost_utils.broadcast_one_to_all``; e.g. the lines
+    already in an output file that only process 0 writes); ``value`` itself on one process. Every process must
+    call it (a collective)."""
+    if jax.process_count() == 1:
+        return int(value)
+    from jax.experimental import multihost_utils
+
+    return int(multihost_utils.broadcast_one_to_all(np.int32(value)))
 
 
 def host_loading():

@@ -52,7 +52,8 @@ def main() -> dict:
     out: dict = {"device_count": jax.device_count()}
     target, draft, tok = specjax.load_default_pair(size="mini", dtype="float32")
     lines = (DATA / "wmt" / "newstest2014.en").read_text(encoding="utf-8").splitlines()[:40]
-    rows = [r for r in (tok.encode(line) for line in lines) if len(r) <= 32][:LINES]
+    kept = [line for line in lines if len(tok.encode(line)) <= 32][:LINES]
+    rows = [tok.encode(line) for line in kept]
     out["input_lengths"] = [len(r) for r in rows]
     meshes = {
         "data4_model2": parallel.make_mesh("data:4,model:2"),
@@ -75,6 +76,24 @@ def main() -> dict:
     sh = programs.slot_shardings(None, None)
     out["cache_spec"] = str(jax.tree.leaves(sh.state.target_cache)[0].spec)
     out["positions_spec"] = str(sh.state.positions.spec)
+    # The command: `specjax generate --mesh data:4,model:2` writes the one-device greedy lines (its first 5 lines
+    # already in the output: it resumes after them), and --data-parallel with a batch size that does not split.
+    import tempfile
+
+    from specjax.cli import main as cli
+
+    texts = [tok.decode(t).replace("\n", " ") for t in out["greedy_one"]["tokens"]]
+    with tempfile.TemporaryDirectory() as tmp:
+        src, dst = Path(tmp) / "in.en", Path(tmp) / "out.de"
+        src.write_text("".join(rows_text + "\n" for rows_text in kept), encoding="utf-8")
+        dst.write_text("".join(t + "\n" for t in texts[:5]), encoding="utf-8")
+        common = ["generate", "--size", "mini", "--dtype", "float32", "--input", str(src), "--output", str(dst)]
+        common += ["--gamma", "3", "--temperature", "0", "--max-decode-length", str(T), "--no-cache"]
+        out["cli_status"] = cli(common + ["--mesh", "data:4,model:2", "--batch-size", "8"])
+        out["cli_lines"] = dst.read_text(encoding="utf-8").splitlines()
+        out["cli_expected"] = texts
+        common[common.index(str(dst))] = str(Path(tmp) / "other.de")
+        out["cli_uneven_status"] = cli(common + ["--data-parallel", "--batch-size", "12"])
     try:
         BulkDecoder(target, draft, batch_size=6, gamma=3, max_decode_length=T, mesh=meshes["data4_model2"])
         out["uneven_error"] = None

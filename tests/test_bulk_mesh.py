@@ -89,6 +89,17 @@ def test_slots_that_do_not_split_over_data_are_a_one_line_error(eight_devices):
     assert "batch_size=6" in message and "multiple of 4" in message and "--batch-size 4 or 8" in message
 
 
+@pytest.mark.slow
+def test_generate_command_on_a_mesh_writes_the_one_device_lines(eight_devices):
+    """`specjax generate --mesh data:4,model:2` (greedy, γ 3), resuming after 5 lines already written, leaves the
+    12 lines one device's bulk decode gives, in order; `--data-parallel --batch-size 12` over 8 devices is refused
+    (exit status 2: 12 slots do not split over 8)."""
+    r = eight_devices
+    assert r["cli_status"] == 0
+    assert r["cli_lines"] == r["cli_expected"] and len(r["cli_lines"]) == 12
+    assert r["cli_uneven_status"] == 2
+
+
 def test_process_share_splits_lines_round_robin():
     """10 lines over 3 processes: process p gets lines p, p + 3, ...; the shares are disjoint and cover every
     line, in order."""
