@@ -267,8 +267,11 @@ def run(args: argparse.Namespace) -> int:
     gammas = ", ".join(f"γ {g}: {n}" for g, n in sorted(s.gammas.items()))
     fraction = s.accepted / s.drafted if s.drafted else float("nan")
     per_call = s.tokens / s.target_calls if s.target_calls else float("nan")
+    import jax
+
+    share = "" if jax.process_count() == 1 else f" (this process's share of {len(rows)} lines)"
     print(
-        f"lines {s.lines}, tokens {s.tokens}, gamma {args.gamma} (runs by γ: {gammas}), temperature "
+        f"lines {s.lines}{share}, tokens {s.tokens}, gamma {args.gamma} (runs by γ: {gammas}), temperature "
         f"{args.temperature}, {settings['batch_size']} slots",
         file=report,
     )
