@@ -77,6 +77,7 @@ def test_generate_writes_greedy_target_outputs_in_order(tmp_path, checkpoints, c
     x = tok.encode_batch(LINES)
     base = temperature_sample(checkpoints[2], x, rng=0, max_decode_length=6, temperature=0)
     expected = [tok.decode([t for t in s[:n] if t < tok.vocab_size]) for s, n in zip(base.sequences, base.lengths)]
+    expected = ["" if not line.strip() else e for line, e in zip(LINES, expected)]  # an empty line stays empty
     assert got[:-1] == expected
     report = capsys.readouterr().err  # statistics on stderr, outputs in --output
     assert "acceptance rate" in report and "tokens per target call" in report and "tokens/s" in report
@@ -289,6 +290,7 @@ def test_drafting_flags_keep_the_greedy_target_output(tmp_path, checkpoints, fla
     tok = Tokenizer(SPIECE)
     base = temperature_sample(model, tok.encode_batch(LINES), rng=0, max_decode_length=6, temperature=0)
     expected = [tok.decode([t for t in s[:n] if t < tok.vocab_size]) for s, n in zip(base.sequences, base.lengths)]
+    expected = ["" if not line.strip() else e for line, e in zip(LINES, expected)]  # an empty line stays empty
     assert out.read_text(encoding="utf-8").split("\n")[:-1] == expected
 
 
@@ -347,3 +349,20 @@ def test_short_file_is_not_padded_to_the_batch_size(tmp_path, checkpoints, monke
     rc, out = _run(tmp_path, checkpoints, lines=LINES[:3])
     assert rc == 0 and len(out.read_text(encoding="utf-8").splitlines()) == 3
     assert slots == [3]
+
+
+def test_empty_input_lines_get_empty_output_lines(tmp_path, checkpoints, capsys):
+    """A blank line in the input keeps its place: its output line is empty, a note says so once, and the other
+    lines are the target's greedy decodes of themselves (the blank line's key index does not shift them)."""
+    lines = [LINES[0], "", "   ", LINES[2]]
+    rc, out = _run(tmp_path, checkpoints, "--batch-size", "2", lines=lines)
+    assert rc == 0
+    got = out.read_text(encoding="utf-8").split("\n")[:-1]
+    tok = Tokenizer(SPIECE)
+    base = temperature_sample(
+        checkpoints[2], tok.encode_batch([LINES[0], LINES[2]]), rng=0, max_decode_length=6, temperature=0
+    )
+    expected = [tok.decode([t for t in s[:n] if t < tok.vocab_size]) for s, n in zip(base.sequences, base.lengths)]
+    assert got == [expected[0], "", "", expected[1]]
+    err = capsys.readouterr().err
+    assert "note: 2 empty input line(s) (first: line 2)" in err

@@ -241,6 +241,13 @@ def run(args: argparse.Namespace) -> int:
         target, draft, tokenizer = _load(args)
     draft = draft_source(args, draft)
     rows = encode_lines(tokenizer, lines[done:], args.prefix, args.max_input_length, args.truncate, first=done)
+    blank = {i for i in range(done, len(lines)) if not lines[i].strip()}  # empty in, empty out (line alignment)
+    if blank and writer:
+        print(
+            f"note: {len(blank)} empty input line(s) (first: line {min(blank) + 1}) get empty output lines, so "
+            "output line i stays the decode of input line i.",
+            file=report,
+        )
     groups = 1 if mesh is None else mesh.shape[parallel.DATA]  # slots come in multiples of the data size
     settings = dict(
         batch_size=min(args.batch_size, -(-len(rows) // groups) * groups),  # a short file: fewer slots
@@ -255,8 +262,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         progress = dict(total=len(lines), initial=done)
         for r in bulk.generate(rows, progress=progress, **sampling):
-            if out is not None:
-                out.write([output_text(tokenizer, r.tokens, dropped)])  # flushed: a rerun resumes after it
+            if out is not None:  # flushed: a rerun resumes after it
+                out.write(["" if r.index in blank else output_text(tokenizer, r.tokens, dropped)])
     finally:
         if out is not None:
             out.close()
