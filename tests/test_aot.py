@@ -321,3 +321,127 @@ def test_hbm_traffic_counts_each_buffer_once():
     kernel, row, out, index = 256 * 512 * 2, 256 * 2, 512 * 2, 4  # the int32 id is read by both fusions
     assert traffic["by_opcode"] == {"copy-start": kernel, "fusion": 2 * row + 2 * index, "dot": out}
     assert traffic["bytes"] == kernel + 2 * row + 2 * index + out
+
+
+# ----------------------------------------------------------------------------------------------------------
+# One decode-loop iteration read from HLO; bulk decoding's slot programs
+
+LOOP_HLO = """HloModule loop
+
+%fused_dot (param_0: bf16[4,16], param_1: bf16[16,8]) -> bf16[4,8] {
+  %param_0 = bf16[4,16]{1,0} parameter(0)
+  %param_1 = bf16[16,8]{1,0} parameter(1)
+  ROOT %d = bf16[4,8]{1,0} dot(%param_0, %param_1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+%layer_cond (p: (s32[], bf16[4,16])) -> pred[] {
+  %p = (s32[], bf16[4,16]) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %n = s32[] constant(3)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+%layer_body (p: (s32[], bf16[4,16])) -> (s32[], bf16[4,16]) {
+  %p = (s32[], bf16[4,16]) parameter(0)
+  %x = bf16[4,16]{1,0} get-tuple-element(%p), index=1
+  %w = bf16[16,16]{1,0} constant({...})
+  %c = bf16[4,16]{1,0} convolution(%x, %w), dim_labels=bf_io->bf
+  ROOT %t = (s32[], bf16[4,16]) tuple(%i, %c)
+}
+
+%cheap (p: bf16[4,16]) -> bf16[4,16] {
+  %p = bf16[4,16]{1,0} parameter(0)
+  ROOT %n = bf16[4,16]{1,0} negate(%p)
+}
+
+%costly (p: bf16[4,16]) -> bf16[4,16] {
+  %p = bf16[4,16]{1,0} parameter(0)
+  %a = bf16[4,16]{1,0} negate(%p)
+  ROOT %b = bf16[4,16]{1,0} negate(%a)
+}
+
+%cond (p: (pred[], bf16[4,16])) -> pred[] {
+  %p = (pred[], bf16[4,16]) parameter(0)
+  ROOT %d = pred[] get-tuple-element(%p), index=0
+}
+
+%body (p: (pred[], bf16[4,16])) -> (pred[], bf16[4,16]) {
+  %p = (pred[], bf16[4,16]) parameter(0)
+  %x = bf16[4,16]{1,0} get-tuple-element(%p), index=1
+  %k = bf16[16,8]{1,0} constant({...})
+  %y = bf16[4,8]{1,0} fusion(%x, %k), kind=kOutput, calls=%fused_dot
+  %l = (s32[], bf16[4,16]) while(%init), condition=%layer_cond, body=%layer_body
+  %z = bf16[4,16]{1,0} conditional(%d, %x, %x), branch_computations={%cheap, %costly}
+  %o = token[] outfeed(%z, %tok)
+  ROOT %t = (pred[], bf16[4,16]) tuple(%d, %z)
+}
+
+ENTRY %main (x: bf16[4,16]) -> (pred[], bf16[4,16]) {
+  %x = bf16[4,16]{1,0} parameter(0)
+  %cb = bf16[4,16]{1,0} custom-call(%x), custom_call_target="xla_python_cpu_callback"
+  ROOT %loop = (pred[], bf16[4,16]) while(%x), condition=%cond, body=%body
+}
+"""
+
+
+def test_loop_iteration_costs_of_a_hand_written_module():
+    """Per iteration of the data-dependent loop: the fusion's dot (4x16 @ 16x8) once, the layer loop's convolution
+    (4x16 @ 16x16) 3 times; a conditional counts its costlier branch only; host transfers found anywhere."""
+    it = aot.loop_iteration_costs(LOOP_HLO)
+    assert it["flops"] == 2 * 4 * 8 * 16 + 3 * (2 * 4 * 16 * 16)
+    x = 4 * 16 * 2  # bytes of a bf16[4,16]
+    # the fusion reads x and its kernel (a constant operand, in HBM) and writes y;
+    # the costly branch negates twice (read + write each); the outfeed reads z
+    fused = x + 16 * 8 * 2 + 4 * 8 * 2
+    assert it["by_opcode"]["fusion"] == fused
+    assert it["by_opcode"]["negate"] == 2 * (x + x)
+    assert it["bytes"] == sum(it["by_opcode"].values())
+    assert aot.hbm_traffic(LOOP_HLO)["by_opcode"]["negate"] == 3 * (x + x)  # a whole-program read: every branch
+    assert sorted(aot.host_transfers(LOOP_HLO)) == ["custom-call cb", "outfeed o"]
+    assert aot.loop_analysis(LOOP_HLO)["host_transfers"] == ["outfeed"]
+
+
+@needs_libtpu
+def test_bulk_slot_programs_compile_for_v4(tmp_path):
+    """``specjax aot --bulk-slots``: the slot insert and the run loop (γ 2 and the target alone) of a tiny pair
+    compile for a v4-8 slice; nothing in them talks to the host; the target alone's iteration moves about the
+    weights a decoder step reads (summed by hand from the shapes); tokens/s per chip is slots x E(α, γ) / the
+    iteration's time / chips, E summed term by term."""
+    from specjax import cli
+
+    out = tmp_path / "bulk.json"
+    cfg = {
+        "model_type": "t5", "vocab_size": 512, "d_model": 128, "d_kv": 128, "d_ff": 512, "num_layers": 1,
+        "num_decoder_layers": 1, "num_heads": 4, "feed_forward_proj": "gated-gelu", "tie_word_embeddings": False,
+    }  # fmt: skip
+    (tmp_path / "tiny").mkdir()
+    (tmp_path / "tiny" / "config.json").write_text(json.dumps(cfg))
+    tiny = str(tmp_path / "tiny")
+    argv = ["aot", "--topology", "v4-8", "--target", tiny, "--draft", tiny, "--bulk-slots", "8", "--gamma", "2"]
+    argv += ["--input-length", "16", "--output-length", "8", "--mesh", "data:2,model:2", "--alpha", "0.6"]
+    assert cli.main(argv + ["--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    runs = {p["name"]: p for p in report["programs"]}
+    assert set(runs) == {"empty", "insert", "run_gamma_2", "run_gamma_0"} and all(p["compiled"] for p in runs.values())
+    assert runs["insert"]["host_transfers"] == []
+    config = aot.resolve_config(tiny, "bfloat16")
+    axes = jax.tree_util.tree_leaves(t5.param_logical_axes(config), is_leaf=lambda x: isinstance(x, P))
+    flat = jax.tree_util.tree_flatten_with_path(t5.abstract_params(config))[0]
+    step = whole = 0  # the decoder's weights but the cross-attention key / value kernels: split 2 ways where
+    for spec, (path, x) in zip(axes, flat, strict=True):  # SPLIT says (the target), and whole (the draft)
+        name = jax.tree_util.keystr(path)
+        if "'decoder'" in name and not ("encoder_decoder_attention" in name and ("'key'" in name or "'value'" in name)):
+            step += math.prod(x.shape) * 2 // (2 if any(a in SPLIT for a in spec if a) else 1)
+            whole += math.prod(x.shape) * 2
+    for g in (2, 0):
+        run = runs[f"run_gamma_{g}"]
+        assert run["loop"]["decode_loops"] == 1
+        assert run["host_transfers"] == [] and run["loop"]["host_transfers"] == run["loop"]["host_callbacks"] == []
+        seconds = max(run["iteration"]["bytes"] / 1.2e12, run["iteration"]["flops"] / 275e12)
+        tokens = sum(0.6**i for i in range(g + 1))
+        assert run["tokens_per_second_per_chip"] == pytest.approx(8 * tokens / seconds / 4)
+    # the loop's arguments hold both decoders' step weights (the encoders' are pruned: the loop never encodes)
+    assert runs["run_gamma_2"]["bytes_per_device"]["arguments"] >= step + whole
+    assert 0.9 * step <= runs["run_gamma_0"]["iteration"]["bytes"] <= 1.5 * step
+    # the speculative iteration adds the draft's γ steps (replicated: every weight of a step, unsplit)
+    assert runs["run_gamma_2"]["iteration"]["bytes"] >= runs["run_gamma_0"]["iteration"]["bytes"] + 0.9 * step

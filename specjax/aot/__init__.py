@@ -43,8 +43,9 @@ from __future__ import annotations
 
 import importlib.util  # ``aot.importlib``: tests patch ``importlib.util.find_spec`` through it
 
+from specjax.aot.bulk import bulk_report, format_bulk_report, paper_alpha
 from specjax.aot.compiling import _abstract_model, _compile, _costs, _piece_costs, _piece_trace, _pieces, _unrolled
-from specjax.aot.hlo import hbm_traffic, loop_analysis
+from specjax.aot.hlo import hbm_traffic, host_transfers, loop_analysis, loop_iteration_costs
 from specjax.aot.memory import (
     HBM_HEADROOM,
     DoesNotFit,
@@ -86,8 +87,13 @@ __all__ = [
     "choose_mesh",
     "loop_analysis",
     "hbm_traffic",
+    "loop_iteration_costs",
+    "host_transfers",
     "expected_speedup",
     "compile_report",
     "format_report",
     "PAPER_C",
+    "bulk_report",
+    "format_bulk_report",
+    "paper_alpha",
 ]
