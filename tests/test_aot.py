@@ -445,3 +445,59 @@ def test_bulk_slot_programs_compile_for_v4(tmp_path):
     assert 0.9 * step <= runs["run_gamma_0"]["iteration"]["bytes"] <= 1.5 * step
     # the speculative iteration adds the draft's γ steps (replicated: every weight of a step, unsplit)
     assert runs["run_gamma_2"]["iteration"]["bytes"] >= runs["run_gamma_0"]["iteration"]["bytes"] + 0.9 * step
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Multi-draft: the k-branch window and the paper's rows with k drafts
+
+
+def test_multi_draft_tokens_model():
+    """k = 1 is the paper's E(α, γ); the model reproduces the small pair's measured k / k = 1 tokens per call
+    (γ 5, each row with its own measured α) within 0.5 % at temperature 0 and 2 % at temperature 1; and a
+    simulation of the branch point (position 1 accepted with probability a_k, later positions with α, until the
+    first rejection; fixed seed, 200,000 calls: the standard error of the mean is below 0.004) gives the
+    formula's E_k."""
+    from specjax.aot import projection
+
+    assert projection.multi_draft_tokens(0.75, 7, 1, 0) == pytest.approx((1 - 0.75**8) / 0.25)
+    one = {0: 0.375, 1: 0.460}  # α of k = 1 in the same measurement
+    for (t, k), m in projection.MULTI_DRAFT_MEASURED.items():
+        e1 = (1 - one[t] ** 6) / (1 - one[t])
+        model = projection.multi_draft_tokens(m["alpha"], 5, k, t) / e1
+        assert model == pytest.approx(m["tokens_ratio"], rel=0.005 if t == 0 else 0.02)
+    rng = np.random.default_rng(0)
+    alpha, gamma, k = 0.75, 7, 4
+    a = alpha + (1 - alpha) * projection.branch_recovery(0, k)
+    n = 200_000
+    accepted = np.concatenate([rng.random((n, 1)) < a, rng.random((n, gamma - 1)) < alpha], axis=1)
+    run = np.cumprod(accepted, axis=1).sum(axis=1)  # accepted draft tokens before the first rejection
+    assert abs((run + 1).mean() - projection.multi_draft_tokens(alpha, gamma, k, 0)) < 4 * 0.004
+    with pytest.raises(ValueError, match="k=3"):
+        projection.branch_recovery(0, 3)
+
+
+@needs_libtpu
+def test_multi_draft_pieces_and_projection():
+    """``compile_report(num_drafts=(1, 2))`` on a tiny pair named as the paper's T5-small draft: the 2-branch
+    window and the draft's step over 2 rows compile, and each k = 2 projection is E_2 / (γ c_2 + w_2) recomputed
+    from the pieces' estimates, E_2 = 1 + a_2 (1 - α^γ) / (1 - α) written out here."""
+    draft = TINY_DRAFT.replace(name="t5_1_1_small")
+    report = aot.compile_report(
+        "v4-8", TINY, draft, gamma=7, batch=2, input_length=16, output_length=8, mesh="data:2,model:2",
+        programs=(), num_drafts=(1, 2), branch_gammas=(7,),
+    )  # fmt: skip
+    pieces = report["pieces"]
+    for name in ("target_branches_2_7", "draft_step_k2"):
+        assert pieces[name]["compiled"] and pieces[name]["hbm_traffic_bytes"] > 0
+    step = pieces["target_step"]["estimate_seconds"]
+    w2 = pieces["target_branches_2_7"]["estimate_seconds"] / step
+    c2 = pieces["draft_step_k2"]["estimate_seconds"] / step
+    assert report["window_over_step_branches"]["2_7"] == pytest.approx(w2)
+    rows = [r for r in report["multi_draft_projections"] if r["num_drafts"] == 2]
+    assert {(r["task"], r["temperature"]) for r in rows} == {("EnDe", 0), ("EnDe", 1)}  # the γ 7 rows of T5-small
+    measured = {0: (0.139, 0.371), 1: (0.117, 0.458)}
+    for r in rows:
+        alpha, (later, first) = r["paper_alpha"], measured[r["temperature"]]
+        a2 = alpha + (1 - alpha) * later / (1 - first)
+        e2 = 1 + a2 * (1 - alpha**7) / (1 - alpha)
+        assert r["projected_speedup"] == pytest.approx(e2 / (7 * c2 + w2), abs=1e-3)  # rounded to 3 places

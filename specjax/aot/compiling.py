@@ -134,6 +134,8 @@ def _pieces(
     window_gammas,
     paper_rows,
     reuse,
+    num_drafts=(1,),
+    branch_gammas=None,
 ):
     """Compiles the loop-free pieces, each its own program with the loop's parameter shardings (``program``'s
     mesh and rules; data parallel: one device's program) and cache shapes; ``({piece: costs}, {gamma: window /
@@ -141,7 +143,12 @@ def _pieces(
 
     The pieces run with the layers unrolled even where the loop scans them: XLA's ``cost_analysis`` counts a
     while loop's body once, so a scanned step would be costed as one layer. Unrolled and scanned layers do the
-    same arithmetic on the same bytes."""
+    same arithmetic on the same bytes.
+
+    With ``num_drafts`` k > 1: the k-branch window ``target_branches_{k}_{g}`` (``_branch_trace``: k · (γ + 1) query
+    rows and the kept branch's commit) for each γ of ``branch_gammas`` (default: every window's γ), and the draft's
+    step over k · b rows ``draft_step_k{k}`` (the k branches draft side by side); their ratios to the target step
+    come back under ``"branches"`` (``{key: {"k_g": window / step}}``) and ``"draft_k"`` (``{key: {"k": c}}``)."""
     del program  # the pieces rebuild the models' parameters unstacked, with the same shardings
     rules = parallel.STANDARD_RULES
     if data_parallel:  # each device runs its own loop on ``rows`` rows: the pieces are one device's programs
@@ -154,12 +161,19 @@ def _pieces(
         | set(window_gammas or ())
         | {r["gamma"] for r in paper_rows if dcfg is not None and _PAPER_DRAFTS.get(r["draft"]) == dcfg.name}
     )
-    todo = [("target_step", tfns, tparams, rules, 1, shape["gamma"])]
-    todo += [(f"target_window_{g}", tfns, tparams, rules, g + 1, g) for g in gammas]
+    ks = sorted({k for k in num_drafts if k > 1}) if dcfg is not None else []
+    todo = [("target_step", tfns, tparams, rules, 1, shape["gamma"], 1)]
+    todo += [(f"target_window_{g}", tfns, tparams, rules, g + 1, g, 1) for g in gammas]
+    todo += [
+        (f"target_branches_{k}_{g}", tfns, tparams, rules, g + 1, g, k)
+        for k in ks
+        for g in sorted(branch_gammas or gammas)
+    ]
     if dcfg is not None:
         drules = parallel._drop_axis(rules, "data")  # the draft replicated over "model", as the loop has it
         dfns, dparams = _unrolled(dcfg, mesh, drules)
-        todo.append(("draft_step", dfns, dparams, drules, 1, shape["gamma"]))
+        todo.append(("draft_step", dfns, dparams, drules, 1, shape["gamma"], 1))
+        todo += [(f"draft_step_k{k}", dfns, dparams, drules, 1, shape["gamma"], k) for k in ks]
     floors = dict(  # (what a step reads of the weights, the whole decoder's weights), each + caches and memory
         target=(
             need["target_step_params"] + _memory_bytes(tcfg, rows, s, length, heads_ways),
@@ -173,16 +187,21 @@ def _pieces(
         ),
     )
     out, windows = {}, {}
-    for name, fns, params, prules, window, g in todo:
-        if name != "draft_step" and reuse.get(name, {}).get("compiled"):
+    for name, fns, params, prules, window, g, k in todo:
+        is_draft = name.startswith("draft_step")
+        if not is_draft and reuse.get(name, {}).get("compiled"):
             out[name] = reuse[name]
             continue
-        log(f"compiling piece {name} ({window} token(s) x {total_rows} row(s)) ...")
         cache_length = shape["output_length"] + g + 1
-        trace = _piece_trace(fns, params, mesh, prules, total_rows, s, cache_length, window)
+        if name.startswith("target_branches"):
+            log(f"compiling piece {name} ({k} branches x {window} token(s) x {total_rows} row(s)) ...")
+            trace = _branch_trace(fns, params, mesh, prules, total_rows, s, cache_length, k, window)
+        else:
+            log(f"compiling piece {name} ({window} token(s) x {total_rows * k} row(s)) ...")
+            trace = _piece_trace(fns, params, mesh, prules, total_rows * k, s, cache_length, window)
         record, compiled = _compile(name, trace, chip.hbm_bytes)
         if compiled is not None:
-            record.update(_piece_costs(compiled, chip, floors["draft" if name == "draft_step" else "target"]))
+            record.update(_piece_costs(compiled, chip, floors["draft" if is_draft else "target"]))
         log(
             f"  {name}: "
             + (
@@ -199,8 +218,45 @@ def _pieces(
             w = out[f"target_window_{g}"].get(key)
             if step and w:
                 windows.setdefault(key, {})[str(g)] = w / step
+        for name in out:
+            w, d = out[name].get(key), out["draft_step"].get(key) if "draft_step" in out else None
+            if name.startswith("target_branches_") and step and w:
+                windows.setdefault("branches", {}).setdefault(key, {})[name[len("target_branches_") :]] = w / step
+            if name.startswith("draft_step_k") and step and w:
+                windows.setdefault("draft_k", {}).setdefault(key, {})[name[len("draft_step_k") :]] = w / step
+            if name == "draft_step" and step and d:
+                windows.setdefault("draft_k", {}).setdefault(key, {})["1"] = d / step
     out["target_window"] = out[f"target_window_{shape['gamma']}"]
     return out, windows
+
+
+def _branch_trace(fns, params, mesh, rules, rows: int, input_length: int, length: int, k: int, width: int):
+    """A trace of one multi-draft verification (``specjax.decoding.branches``' target call): ``decode_branches``
+    of k windows of ``width`` tokens per row (int32[b, k, w] over the committed cache and the row's one encoder
+    output), then ``commit_branch`` of one branch into the donated cache, with the loop's shardings (rows over
+    "data", caches' heads over "model" as ``rules`` say)."""
+    wrapped = parallel._MeshT5Decoding(fns, mesh, rules)
+    batch = NamedSharding(mesh, P("data"))
+
+    def spec(x, logical):
+        return jax.ShapeDtypeStruct(
+            x.shape, x.dtype, sharding=NamedSharding(mesh, parallel.logical_to_mesh_spec(logical, rules, mesh))
+        )
+
+    tokens = jax.ShapeDtypeStruct((rows, input_length), jnp.int32, sharding=batch)
+    encoded = jax.eval_shape(wrapped.inner.encode, params, tokens)
+    encoded = jax.tree_util.tree_map(spec, encoded, parallel._encoded_axes(encoded))
+    cache = jax.eval_shape(lambda: wrapped.inner.init_cache(rows, length))
+    cache = jax.tree_util.tree_map(spec, cache, parallel._cache_axes(cache))
+    window_tokens = jax.ShapeDtypeStruct((rows, k, width), jnp.int32, sharding=batch)
+    positions = jax.ShapeDtypeStruct((rows,), jnp.int32, sharding=batch)
+
+    def verify(params, encoded, window, cache, positions, branch):
+        logits, kv = wrapped.inner.decode_branches(params, encoded, window, cache, positions)
+        return logits, wrapped.inner.commit_branch(cache, kv, branch, positions, width)
+
+    jitted = jax.jit(verify, donate_argnums=(3,))
+    return lambda: jitted.trace(params, encoded, window_tokens, cache, positions, positions)
 
 
 def _piece_costs(compiled, chip: Chip, floor: tuple[int, int]) -> dict:
