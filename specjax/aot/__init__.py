@@ -44,7 +44,16 @@ from __future__ import annotations
 import importlib.util  # ``aot.importlib``: tests patch ``importlib.util.find_spec`` through it
 
 from specjax.aot.bulk import bulk_report, format_bulk_report, paper_alpha
-from specjax.aot.compiling import _abstract_model, _branch_trace, _compile, _costs, _piece_costs, _piece_trace, _pieces, _unrolled
+from specjax.aot.compiling import (
+    _abstract_model,
+    _branch_trace,
+    _compile,
+    _costs,
+    _piece_costs,
+    _piece_trace,
+    _pieces,
+    _unrolled,
+)
 from specjax.aot.hlo import hbm_traffic, host_transfers, loop_analysis, loop_iteration_costs
 from specjax.aot.memory import (
     HBM_HEADROOM,
