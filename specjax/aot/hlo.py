@@ -233,7 +233,8 @@ def _operands(rest: str) -> list[str]:
 
 def _fused_read(comps: dict, fused: str, index: int, full: int) -> int:
     """Bytes a fusion reads of its operand ``index`` (``full`` bytes): only the slices / gathered rows when every
-    use of the parameter (through bitcasts) slices it, nothing when it is only updated in place, else all."""
+    use of the parameter (through bitcasts, and into nested fusions: a scanned layer's stacked kernel is sliced
+    inside one) slices it, nothing when it is only updated in place, else all."""
     ops = comps.get(fused, [])
     params = [i[0] for i in ops if i[2] == "parameter" and re.match(rf"parameter\({index}\)", i[3])]
     if not params:
@@ -247,6 +248,13 @@ def _fused_read(comps: dict, fused: str, index: int, full: int) -> int:
             first = _operands(rest)[0] == name
             if op == "bitcast":
                 frontier.append(user)
+            elif op == "fusion":  # what the nested fusion reads of each operand slot that holds the parameter
+                nested = re.search(r"calls=%?([\w.\-]+)", rest).group(1)
+                slots = [i for i, o in enumerate(_operands(rest)) if o == name]
+                read = sum(_fused_read(comps, nested, i, full) for i in slots)
+                if read >= full:
+                    return full
+                total += read
             elif op in _SLICING and first:
                 total += sum(n for n, _ in _arrays(shape))
             elif not (op in _IN_PLACE and first):

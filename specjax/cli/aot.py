@@ -64,6 +64,14 @@ def add_parser(subparsers) -> None:
         "drafts (K in 1 2 4; default 1)",
     )
     p.add_argument(
+        "--branch-gammas",
+        type=int,
+        nargs="+",
+        default=None,
+        metavar="G",
+        help="γ values of the K-branch windows (default: every window's γ: --gamma and the paper rows' γ)",
+    )
+    p.add_argument(
         "--bulk-slots",
         type=int,
         default=None,
@@ -116,6 +124,7 @@ def run(args) -> int:
             programs=() if args.programs == "none" else tuple(x.strip() for x in args.programs.split(",")),
             pieces=not args.no_pieces,
             num_drafts=tuple(args.num_drafts),
+            branch_gammas=args.branch_gammas,
             log=lambda line: print(line, file=sys.stderr, flush=True),
         )
     except aot.LibtpuMissing as e:
