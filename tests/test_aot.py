@@ -323,6 +323,39 @@ def test_hbm_traffic_counts_each_buffer_once():
     assert traffic["bytes"] == kernel + 2 * row + 2 * index + out
 
 
+NESTED_HLO = """HloModule nested
+
+%pick (param_0: bf16[4,256,512], param_1: s32[]) -> bf16[256,512] {
+  %param_0 = bf16[4,256,512]{2,1,0} parameter(0)
+  %param_1 = s32[]{:T(128)} parameter(1)
+  %zero = s32[]{:T(128)} constant(0)
+  %s = bf16[1,256,512]{2,1,0} dynamic-slice(%param_0, %param_1, %zero, %zero), dynamic_slice_sizes={1,256,512}
+  ROOT %b = bf16[256,512]{1,0} bitcast(%s)
+}
+
+%layer (param_0: bf16[4,256,512], param_1: s32[], param_2: bf16[8,256]) -> bf16[8,512] {
+  %param_0 = bf16[4,256,512]{2,1,0} parameter(0)
+  %param_1 = s32[]{:T(128)} parameter(1)
+  %param_2 = bf16[8,256]{1,0:S(3)} parameter(2)
+  %kernel = bf16[256,512]{1,0} fusion(%param_0, %param_1), kind=kLoop, calls=%pick
+  ROOT %d = bf16[8,512]{1,0:S(3)} dot(%param_2, %kernel), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+ENTRY %main (stack: bf16[4,256,512], i: s32[], x: bf16[8,256]) -> bf16[8,512] {
+  %stack = bf16[4,256,512]{2,1,0} parameter(0)
+  %i = s32[]{:T(128)} parameter(1)
+  %x = bf16[8,256]{1,0:S(3)} parameter(2)
+  ROOT %y = bf16[8,512]{1,0:S(3)} fusion(%stack, %i, %x), kind=kOutput, calls=%layer
+}
+"""
+
+
+def test_hbm_traffic_reads_a_stacked_kernel_sliced_in_a_nested_fusion():
+    """A scanned layer's fusion takes the whole stack [4, 256, 512] of a kernel and slices its layer inside a
+    nested fusion: one layer's kernel (256 x 512 bf16) is read, not the stack; plus the int32 index."""
+    assert aot.hbm_traffic(NESTED_HLO)["bytes"] == 256 * 512 * 2 + 4
+
+
 # ----------------------------------------------------------------------------------------------------------
 # One decode-loop iteration read from HLO; bulk decoding's slot programs
 
