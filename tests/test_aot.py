@@ -430,6 +430,7 @@ def test_loop_iteration_costs_of_a_hand_written_module():
     assert it["by_opcode"]["negate"] == 2 * (x + x)
     assert it["bytes"] == sum(it["by_opcode"].values())
     assert aot.hbm_traffic(LOOP_HLO)["by_opcode"]["negate"] == 3 * (x + x)  # a whole-program read: every branch
+    assert aot.program_flops(LOOP_HLO) == it["flops"]  # the only dots are in the loop, which runs once here
     assert sorted(aot.host_transfers(LOOP_HLO)) == ["custom-call cb", "outfeed o"]
     assert aot.loop_analysis(LOOP_HLO)["host_transfers"] == ["outfeed"]
 
@@ -456,7 +457,12 @@ def test_bulk_slot_programs_compile_for_v4(tmp_path):
     report = json.loads(out.read_text())
     runs = {p["name"]: p for p in report["programs"]}
     assert set(runs) == {"empty", "insert", "run_gamma_2", "run_gamma_0"} and all(p["compiled"] for p in runs.values())
-    assert runs["insert"]["host_transfers"] == []
+    insert = runs["insert"]
+    assert insert["host_transfers"] == []
+    assert insert["estimate_seconds"] == max(insert["hbm_traffic_bytes"] / 1.2e12, insert["flops"] / 275e12)
+    # at least the target encoder's kernels (1 layer: 4 attention + 3 MLP, 128 x 512 each, split 2 ways) over the
+    # 2 inserted rows x 16 tokens, split over data:2
+    assert insert["flops"] >= 2 * (7 * 128 * 512 // 2) * (2 * 16 // 2)
     config = aot.resolve_config(tiny, "bfloat16")
     axes = jax.tree_util.tree_leaves(t5.param_logical_axes(config), is_leaf=lambda x: isinstance(x, P))
     flat = jax.tree_util.tree_flatten_with_path(t5.abstract_params(config))[0]

@@ -54,7 +54,7 @@ from specjax.aot.compiling import (
     _pieces,
     _unrolled,
 )
-from specjax.aot.hlo import hbm_traffic, host_transfers, loop_analysis, loop_iteration_costs
+from specjax.aot.hlo import hbm_traffic, host_transfers, loop_analysis, loop_iteration_costs, program_flops
 from specjax.aot.memory import (
     HBM_HEADROOM,
     DoesNotFit,
@@ -98,6 +98,7 @@ __all__ = [
     "hbm_traffic",
     "loop_iteration_costs",
     "host_transfers",
+    "program_flops",
     "expected_speedup",
     "compile_report",
     "format_report",

@@ -30,7 +30,7 @@ from jax.sharding import PartitionSpec as P
 
 from specjax import parallel
 from specjax.aot.compiling import _abstract_model, _compile
-from specjax.aot.hlo import hbm_traffic, host_transfers, loop_analysis, loop_iteration_costs
+from specjax.aot.hlo import hbm_traffic, host_transfers, loop_analysis, loop_iteration_costs, program_flops
 from specjax.aot.memory import (
     HBM_HEADROOM,
     DoesNotFit,
@@ -117,7 +117,8 @@ def bulk_report(
     Returns:
       a JSON-ready dict: ``topology``, ``chip``, ``mesh``, ``settings``, ``alpha`` and ``alpha_source``,
       ``memory_estimate``, ``programs`` (``empty``, ``insert``, ``run_gamma_<g>``: ``_compile``'s record; the insert
-      with ``hbm_traffic_bytes`` and ``estimate_seconds``; each run with ``loop`` (``loop_analysis``),
+      with ``hbm_traffic_bytes``, ``flops`` (``program_flops``), ``estimate_seconds`` = max(traffic / bandwidth, flops /
+      peak) and ``seconds_per_line``; each run with ``loop`` (``loop_analysis``),
       ``host_transfers`` (the whole program's, ``host_transfers``), ``iteration`` (``loop_iteration_costs``),
       ``iteration_seconds``, ``tokens_per_iteration`` (per slot), ``tokens_per_second_per_chip``),
       ``peak_bytes_per_device`` (the largest program's arguments + temporaries + outputs - aliased).
@@ -221,9 +222,15 @@ def bulk_report(
     def spec(shape_, dtype_):
         return jax.ShapeDtypeStruct(shape_, dtype_, sharding=replicated)
 
+    # the m new inputs split over "data" when they divide (each data group encodes its share), else replicated
+    rows_sharding = NamedSharding(the_mesh, P("data")) if m % data == 0 else replicated
+
+    def row_spec(shape_, dtype_):
+        return jax.ShapeDtypeStruct(shape_, dtype_, sharding=rows_sharding)
+
     sampling = _with_shardings(
         jax.eval_shape(lambda: SamplingParams.broadcast(m, temperature)),
-        jax.tree_util.tree_map(lambda _: replicated, jax.eval_shape(lambda: SamplingParams.broadcast(m))),
+        jax.tree_util.tree_map(lambda _: rows_sharding, jax.eval_shape(lambda: SamplingParams.broadcast(m))),
     )
 
     def write(slots_, tokens, ids, keys, sampling_, tp, dp):
@@ -236,18 +243,23 @@ def bulk_report(
     )
     args = (
         slot_specs,
-        spec((m, input_length), jnp.int32),
-        spec((m,), jnp.int32),
-        spec((m, 2), jnp.uint32),
+        row_spec((m, input_length), jnp.int32),
+        row_spec((m,), jnp.int32),
+        row_spec((m, 2), jnp.uint32),
         sampling,
         tparams,
         dparams,
     )
     record, compiled = compile_one("insert", lambda: insert.trace(*args))
     if compiled is not None:
-        record["hbm_traffic_bytes"] = hbm_traffic(compiled.as_text())["bytes"]
-        record["estimate_seconds"] = record["hbm_traffic_bytes"] / chip.hbm_bandwidth
-        record["host_transfers"] = host_transfers(compiled.as_text())
+        text = compiled.as_text()
+        record["hbm_traffic_bytes"] = hbm_traffic(text)["bytes"]
+        record["flops"] = program_flops(text)
+        record["traffic_seconds"] = record["hbm_traffic_bytes"] / chip.hbm_bandwidth
+        record["mxu_seconds"] = record["flops"] / chip.peak_flops
+        record["estimate_seconds"] = max(record["traffic_seconds"], record["mxu_seconds"])
+        record["seconds_per_line"] = record["estimate_seconds"] / m
+        record["host_transfers"] = host_transfers(text)
 
     # --- run: the loop until min_done slots are done or max_iterations --------------------------------------------
     scalar = spec((), jnp.int32)
@@ -334,7 +346,11 @@ def format_bulk_report(report: dict) -> str:
                 f"{p['tokens_per_second_per_chip']:.0f}",
             ]
         elif p.get("estimate_seconds") is not None:
-            one_call = [f"{p['hbm_traffic_bytes'] / 1e9:.3f} (one call)", "", f"{p['estimate_seconds'] * 1e3:.3f}"]
+            one_call = [
+                f"{p['hbm_traffic_bytes'] / 1e9:.3f} (one call)",
+                f"{p['flops'] / 1e9:.1f}",
+                f"{p['estimate_seconds'] * 1e3:.3f} ({p['seconds_per_line'] * 1e3:.3f} per line)",
+            ]
             cells += one_call + ["", ""]
         else:
             cells += [""] * 5

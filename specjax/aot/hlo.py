@@ -426,6 +426,14 @@ def loop_iteration_costs(hlo: str) -> dict:
     )
 
 
+def program_flops(hlo: str) -> float:
+    """Matrix flops (2 per multiply-add of every ``dot`` / ``convolution``) of a whole compiled program, loops with
+    a static trip count (scanned layers) counted that many times, a data-dependent loop once and a conditional by
+    its costliest branch (XLA's ``cost_analysis`` counts every loop body once)."""
+    comps, entry = _computations(hlo)
+    return _flops(comps, entry, 1, one_branch=True) if entry is not None else 0.0
+
+
 def host_transfers(hlo: str) -> list[str]:
     """Every instruction of the whole program that moves data to or from the host: ``infeed``, ``outfeed``,
     ``send`` / ``recv`` (and their ``-done``), an array placed in host memory (``S(5)``), a custom call whose
