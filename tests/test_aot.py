@@ -354,6 +354,12 @@ def test_hbm_traffic_reads_a_stacked_kernel_sliced_in_a_nested_fusion():
     """A scanned layer's fusion takes the whole stack [4, 256, 512] of a kernel and slices its layer inside a
     nested fusion: one layer's kernel (256 x 512 bf16) is read, not the stack; plus the int32 index."""
     assert aot.hbm_traffic(NESTED_HLO)["bytes"] == 256 * 512 * 2 + 4
+    # a nested fusion that hands the parameter on whole (a bitcast to its output) reads it all
+    whole = NESTED_HLO.replace(
+        "%s = bf16[1,256,512]{2,1,0} dynamic-slice(%param_0, %param_1, %zero, %zero), dynamic_slice_sizes={1,256,512}",
+        "%s = bf16[4,256,512]{2,1,0} bitcast(%param_0)",
+    )
+    assert aot.hbm_traffic(whole)["bytes"] == 4 * 256 * 512 * 2  # (the index, now unused, is not read)
 
 
 # ----------------------------------------------------------------------------------------------------------

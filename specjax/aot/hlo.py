@@ -240,8 +240,11 @@ def _fused_read(comps: dict, fused: str, index: int, full: int) -> int:
     if not params:
         return full
     total, frontier = 0, [params[0]]
+    root = ops[-1][0]
     while frontier:
         name = frontier.pop()
+        if name == root:  # the parameter (or a bitcast of it) is the output: whoever uses the output reads all
+            return full
         for user, shape, op, rest in ops:
             if op == "parameter" or name not in _operands(rest):
                 continue
