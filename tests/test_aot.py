@@ -437,6 +437,17 @@ def test_loop_iteration_costs_of_a_hand_written_module():
     assert it["bytes"] == sum(it["by_opcode"].values())
     assert aot.hbm_traffic(LOOP_HLO)["by_opcode"]["negate"] == 3 * (x + x)  # a whole-program read: every branch
     assert aot.program_flops(LOOP_HLO) == it["flops"]  # the only dots are in the loop, which runs once here
+    # attention's batched dot as XLA:TPU writes it: the rows and heads as base-dilated spatial dimensions, so each
+    # output multiplies one position: [8 rows, 64 heads, 2 queries] x 64 head dims -> 512 memory slots
+    batched = """HloModule attend
+
+ENTRY %main (q: bf16[8,64,2,64], k: bf16[8,64,64,512]) -> f32[8,64,2,512] {
+  %q = bf16[8,64,2,64]{3,2,1,0} parameter(0)
+  %k = bf16[8,64,64,512]{3,2,1,0} parameter(1)
+  ROOT %s = f32[8,64,2,512]{3,2,1,0} convolution(%q, %k), window={size=8x64 stride=7x63 lhs_dilate=8x64}, LABELS
+}
+""".replace("LABELS", "dim_labels=01bf_01io->01bf")
+    assert aot.program_flops(batched) == 2 * (8 * 64 * 2 * 512) * 64
     assert sorted(aot.host_transfers(LOOP_HLO)) == ["custom-call cb", "outfeed o"]
     assert aot.loop_analysis(LOOP_HLO)["host_transfers"] == ["outfeed"]
 

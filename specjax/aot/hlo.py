@@ -362,6 +362,22 @@ def _dims(shape: str) -> list[int]:
     return [int(d) for d in m.group(2).split(",") if d] if m else []
 
 
+def _taps(rest: str) -> int:
+    """Input positions one output of a convolution multiplies: the window's size over its base dilation per spatial
+    dimension (a batched dot written as a convolution, ``window={size=8x64 stride=7x63 lhs_dilate=8x64}``, takes one
+    position: its spatial dimensions are batch dimensions), over ``feature_group_count``."""
+    window = re.search(r"window=\{([^}]*)\}", rest)
+    taps = 1
+    if window:
+        size = re.search(r"size=([\dx]+)", window.group(1))
+        dilate = re.search(r"lhs_dilate=([\dx]+)", window.group(1))
+        sizes = [int(v) for v in size.group(1).split("x")] if size else []
+        dilations = [int(v) for v in dilate.group(1).split("x")] if dilate else [1] * len(sizes)
+        taps = math.prod(-(-n // d) for n, d in zip(sizes, dilations))
+    groups = re.search(r"feature_group_count=(\d+)", rest)
+    return max(1, taps // (int(groups.group(1)) if groups else 1))
+
+
 def _flops(comps: dict, name: str, times: int, one_branch: bool, seen: tuple = ()) -> float:
     """Matrix flops (2 per multiply-add) of the ``dot`` and ``convolution`` instructions of computation ``name``
     and every computation it calls (fusions, loops by their static trip counts, a conditional's costliest branch
@@ -378,13 +394,12 @@ def _flops(comps: dict, name: str, times: int, one_branch: bool, seen: tuple = (
             contracted = math.prod(lhs[int(d)] for d in m.group(2).split(",") if d) if m and lhs else 1
             total += times * 2.0 * math.prod(_dims(shape)) * contracted
             continue
-        if op == "convolution":  # XLA:TPU writes many dots as convolutions: dim_labels=bf_io->bf
+        if op == "convolution":  # XLA:TPU writes dots as convolutions: dim_labels=bf_io->bf
             rhs = _dims(shapes.get(_operands(rest)[1], "")) if len(_operands(rest)) > 1 else []
             m = _DIM_LABELS_RE.search(rest)
             if m and len(m.group(2)) == len(rhs):
-                per_output = math.prod(d for d, label in zip(rhs, m.group(2)) if label != "o")
-                groups = re.search(r"feature_group_count=(\d+)", rest)
-                total += times * 2.0 * math.prod(_dims(shape)) * per_output / (int(groups.group(1)) if groups else 1)
+                features = math.prod(d for d, label in zip(rhs, m.group(2)) if label == "i")
+                total += times * 2.0 * math.prod(_dims(shape)) * features * _taps(rest)
             continue
         trips = 1
         if op == "while":
