@@ -70,7 +70,7 @@ def run_bulk(args) -> dict:
             max_decode_length=args.max_decode_length,
         )
         cpu0 = time.process_time()
-        outs = [r.tokens.tolist() for r in bulk.generate(rows, temperature=0.0, rng=0)]
+        outs = [r.tokens.tolist() for r in bulk.generate(rows, temperature=args.temperature, rng=0)]
         s = bulk.stats
         rounds.append(
             dict(
@@ -109,7 +109,7 @@ def run_static(args) -> dict:
             ids = np.arange(start, start + args.batch)
             ids[len(chunk) :] = start
             keys = jax.vmap(lambda i: jax.random.fold_in(seed, i))(ids)
-            common = dict(rng=keys, max_decode_length=args.max_decode_length, temperature=0.0)
+            common = dict(rng=keys, max_decode_length=args.max_decode_length, temperature=args.temperature)
             if args.static_gamma:
                 r = speculative_sample(target, draft, x, gamma=args.static_gamma, **common)
             else:
@@ -155,6 +155,9 @@ def run_ct2(args) -> dict:
                         src,
                         max_batch_size=batch,
                         beam_size=1,
+                        **(
+                            dict(sampling_topk=0, sampling_temperature=args.temperature) if args.temperature > 0 else {}
+                        ),
                         max_decoding_length=args.max_decode_length,
                         return_end_token=True,
                     ):
@@ -203,6 +206,8 @@ def _drive(args) -> None:
             args.dtype,
             "--max-decode-length",
             str(args.max_decode_length),
+            "--temperature",
+            str(args.temperature),
         ] + extra
         if args.data:
             cmd += ["--data", args.data]
@@ -226,6 +231,16 @@ def _finish(spec: str, proc, args) -> dict:
     return result
 
 
+def _vector_features() -> str:
+    """The CPU's vector features that decide the dtype paths (from /proc/cpuinfo's flags)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        flags = []
+    return ", ".join(x for x in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if x in flags) or "unknown"
+
+
 def _report(args, engines) -> None:
     cpu = platform.processor() or platform.machine()
     try:
@@ -234,9 +249,12 @@ def _report(args, engines) -> None:
     except (OSError, StopIteration):
         pass
     lines = [
-        f"# Bulk decoding: newstest2014 en→de, first {args.lines} lines, greedy, batch {args.batch}",
+        f"# Bulk decoding: {os.path.basename(args.data or DATA)}, first {args.lines} lines, "
+        + ("greedy" if args.temperature == 0 else f"temperature {args.temperature}")
+        + f", batch {args.batch}",
         "",
-        f"CPU: {cpu}, {os.cpu_count()} cores (AVX-512 + AVX512_BF16); machine loaded by other jobs. Shipped "
+        f"CPU: {cpu}, {os.cpu_count()} cores ({_vector_features()}); load average {os.getloadavg()[0]:.1f} at the "
+        "end (the machine is shared: compare tokens per CPU-second). Shipped "
         f"{args.size} pair, dtype {args.dtype}, at most {args.max_decode_length} output tokens. Each engine in its "
         "own process; the second of two rounds in the process is reported (the first compiles); peak RSS is the "
         "process's. Command: `python benchmarks/bulk_bench.py " + " ".join(sys.argv[1:]) + "`.",
@@ -275,7 +293,8 @@ def _report(args, engines) -> None:
             for other, o in by.items():
                 if other != name:
                     same = sum(a == b for a, b in zip(outs, o))
-                    lines.append(f"- greedy outputs, {name} vs {other}: {same} of {len(outs)} lines identical")
+                    what = "greedy outputs" if args.temperature == 0 else "sampled outputs (not expected equal)"
+                    lines.append(f"- {what}, {name} vs {other}: {same} of {len(outs)} lines identical")
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
@@ -300,6 +319,12 @@ def main() -> None:
     p.add_argument("--size", default="small", choices=["mini", "small"])
     p.add_argument("--dtype", default="float32")
     p.add_argument("--max-decode-length", type=int, default=128)
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="0: greedy (outputs compared line by line); > 0: sampled (CTranslate2 with sampling_topk=0)",
+    )
     p.add_argument("--ct2-batches", type=int, nargs="+", default=[16, 32, 64])
     p.add_argument("--data", default=None, help="input file (default: shared/data/wmt/newstest2014.en)")
     p.add_argument("--out", default=None)

@@ -19,9 +19,8 @@ a shared machine slows them alike. Reported: tokens per target
 call (Σ lengths / Σ target calls: a property of the models and the rule, not of the machine), its ratio to k = 1
 at the same γ and temperature, the share of iterations that kept a branch other than the draft's first choice,
 the paper's α at the branch point's first candidate, and tokens/s (wall clock, this machine). At temperature 0
-the rows equal to k = 1's output token for token are counted (both are target-greedy up to the bfloat16
-target's rounding: a branch window, a chain window and a one-token step round differently, so a near-tie may
-go the other way; in float32 they are equal, ``tests/test_multidraft.py``).
+the rows equal to k = 1's output token for token are counted (both are target-greedy: a branch window, a chain
+window and a one-token step give the same logits bit for bit, ``tests/test_window_invariance.py``).
 """
 
 import argparse

@@ -31,18 +31,39 @@ iterable of token rows and yields one ``LineResult`` per input, in input order. 
   distribution never does); pass an int γ for reproducible sampled output.
 - **Constant memory**: the window, the slots and the results waiting for an earlier line (at most about a
   window) are all that is held, whatever the length of the input.
+- **Beyond one device** (``mesh=``): the slots are split over a ``("data", "model")`` mesh's "data" axis and the
+  target over "model", with ``specjax.parallel``'s rules and shardings (``SlotPrograms``); the slot state stays
+  on the devices between runs, and only the done flags and the finished rows come back. A row's output is the
+  same as on one device (``tests/test_bulk_mesh.py``, 8 host devices).
+- **Several processes** (a multi-host slice, ``jax.process_count() > 1``): each process decodes its share of the
+  input on its own devices (``process_share``: line ``i`` goes to process ``i mod count``; the mesh holds this
+  process's devices), and the results are merged in input order with JAX's multi-controller runtime
+  (``merge_processes``: every ``read_ahead × b`` lines per process, one ``process_allgather``); every process
+  yields every line, in order (the CLI writes on process 0). Every process must read the same inputs, and an
+  input error stops the processes only where it is raised: check the inputs first (the CLI encodes them all
+  before decoding).
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import itertools
 import time
-from typing import Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import jax
 import numpy as np
 
-__all__ = ["BulkDecoder", "BulkStats", "LineResult", "generate_iterable", "RECHOOSE_EVERY"]
+__all__ = [
+    "BulkDecoder",
+    "BulkStats",
+    "LineResult",
+    "generate_iterable",
+    "merge_processes",
+    "process_share",
+    "RECHOOSE_EVERY",
+]
 
 RECHOOSE_EVERY = 8
 """γ auto re-chooses γ (among 0..8, by the running α) every this many runs of the slot loop."""
@@ -125,6 +146,129 @@ def _line_keys(key, lines):
     return jax.vmap(lambda i: jax.random.fold_in(key, i))(lines)
 
 
+def _group_size(rows: int, refill: int, b: int, multiple: int) -> int:
+    """The rows of one insert or collect program for ``rows`` rows: ``refill`` × the smallest power of two that
+    holds them, rounded up to a multiple of ``multiple`` (a mesh's data size), at most ``b`` (a multiple of it):
+    a few compiled programs serve every group."""
+    m = refill
+    while m < rows:
+        m *= 2
+    m = -(-m // multiple) * multiple
+    return min(m, b)
+
+
+def process_share(pairs: Iterable, process_index: int, process_count: int) -> Iterator:
+    """This process's share of the input: the ``(index, row)`` pairs at positions ``process_index``,
+    ``process_index + process_count``, ... (line ``i`` of a run goes to process ``i mod process_count``, so
+    every process gets lines of every length, and the shares differ by at most one line). One process: all.
+
+    Raises:
+      ValueError: ``process_index`` not in ``[0, process_count)``.
+    """
+    if not 0 <= process_index < process_count:
+        raise ValueError(f"process_index {process_index} is not in [0, {process_count}) (jax.process_index()).")
+    return iter(pairs) if process_count == 1 else itertools.islice(pairs, process_index, None, process_count)
+
+
+_PACKED_COUNTERS = {  # packed name -> LineResult field (int32)
+    "target_calls": "num_target_calls",
+    "draft_tokens": "num_draft_tokens",
+    "accepted": "num_accepted",
+    "num_verified": "num_verified",
+    "gamma": "gamma",
+}
+
+
+def _pack(results: list, lines: int, max_decode_length: int) -> dict:
+    """Up to ``lines`` ``LineResult``s as fixed-shape NumPy arrays (the same on every process, as
+    ``process_allgather`` needs): count int32[], index int32[lines], length int32[lines], tokens
+    int32[lines, T], the counters int32[lines], beta_sum float32[lines]; rows past ``count`` are zeros."""
+    n = len(results)
+    out = dict(
+        count=np.int32(n),
+        index=np.zeros((lines,), np.int32),
+        length=np.zeros((lines,), np.int32),
+        tokens=np.zeros((lines, max_decode_length), np.int32),
+        beta_sum=np.zeros((lines,), np.float32),
+        **{k: np.zeros((lines,), np.int32) for k in _PACKED_COUNTERS},
+    )
+    for j, r in enumerate(results):
+        out["index"][j], out["length"][j] = r.index, len(r.tokens)
+        out["tokens"][j, : len(r.tokens)] = r.tokens
+        out["beta_sum"][j] = r.beta_sum
+        for k, field in _PACKED_COUNTERS.items():
+            out[k][j] = getattr(r, field)
+    return out
+
+
+def _unpack(gathered: dict) -> list:
+    """Every process's ``_pack`` (each array with a leading process axis [P, ...]) as ``LineResult``s sorted by
+    index."""
+    out = []
+    for p in range(len(gathered["count"])):
+        for j in range(int(gathered["count"][p])):
+            n = int(gathered["length"][p][j])
+            out.append(
+                LineResult(
+                    int(gathered["index"][p][j]),
+                    np.array(gathered["tokens"][p][j, :n], np.int32),
+                    int(gathered["target_calls"][p][j]),
+                    int(gathered["draft_tokens"][p][j]),
+                    int(gathered["accepted"][p][j]),
+                    float(gathered["beta_sum"][p][j]),
+                    int(gathered["num_verified"][p][j]),
+                    int(gathered["gamma"][p][j]),
+                )
+            )
+    return sorted(out, key=lambda r: r.index)
+
+
+def _allgather(tree: dict) -> dict:
+    """``multihost_utils.process_allgather(tree, tiled=False)``: every process's arrays stacked [P, ...]."""
+    from jax.experimental import multihost_utils
+
+    return jax.tree.map(np.asarray, multihost_utils.process_allgather(tree, tiled=False))
+
+
+def _processes() -> tuple[int, int, Callable[[dict], dict]]:
+    """(this process's index, the process count, the exchange of ``merge_processes``): JAX's multi-controller
+    runtime (``jax.process_index()``, ``jax.process_count()``, ``process_allgather``)."""
+    return jax.process_index(), jax.process_count(), _allgather
+
+
+def merge_processes(
+    local: Iterator[LineResult],
+    exchange: Callable[[dict], dict] | None,
+    lines_per_round: int,
+    max_decode_length: int,
+) -> Iterator[LineResult]:
+    """Merges every process's results into one stream in input order (JAX's multi-controller runtime: every
+    process runs this in step; no scheduler).
+
+    Round after round, each process takes the next ``lines_per_round`` results of its own ``local`` stream (its
+    ``process_share``, in order), packs them into fixed-shape arrays and calls ``exchange`` (a collective:
+    ``process_allgather``); every process then yields the round's results of all processes sorted by index.
+    With round-robin shares a round holds a contiguous run of lines (process ``p``'s ``j``-th line is line
+    ``j·P + p``), so the stream is in input order. The rounds end when no process has results left.
+
+    Args:
+      local: this process's ``LineResult``s in input order.
+      exchange: {name: array} -> {name: array [P, ...]}, every process's arrays stacked; None:
+        ``multihost_utils.process_allgather(tree, tiled=False)``.
+      lines_per_round: results per process per round (memory: ``P × lines_per_round`` results).
+      max_decode_length: ``T``, the width of the packed tokens.
+    Yields:
+      ``LineResult``s of every process, in input order.
+    """
+    exchange = _allgather if exchange is None else exchange
+    while True:
+        mine = list(itertools.islice(local, lines_per_round))
+        merged = _unpack(exchange(_pack(mine, lines_per_round, max_decode_length)))
+        if not merged:
+            return
+        yield from merged
+
+
 class BulkDecoder:
     """Decodes an iterable of inputs through ``batch_size`` decode slots (this module's docstring).
 
@@ -140,9 +284,14 @@ class BulkDecoder:
       refill: run the loop until at least this many slots are free, then refill them (default ``b // 4``, at
         least 1); the inserts of a run take groups of ``refill`` × a power of two rows (one program each).
       candidates, alpha_prior, cost_cache, costs: as ``specjax.Decoder`` (γ auto).
+      mesh: None (one device) or a ``("data", "model")`` mesh of this process's devices
+        (``specjax.parallel.make_mesh``): the slots split over "data", the target's weights over "model" by
+        ``rules`` (default ``parallel.STANDARD_RULES``), the draft's replicated; the parameters are placed once.
     Raises:
       ValueError: a gamma that is not "auto" or an int >= 0, or >= 1 without a draft; batch_size, read_ahead or
-        refill < 1; and every argument ``speculative_sample`` refuses (vocabularies, pad ids, eos_id).
+        refill < 1; and every argument ``speculative_sample`` refuses (vocabularies, pad ids, eos_id); with a
+        mesh: gamma "auto" (its costs are measured on one device), a batch size that is not a multiple of the
+        data axis, a mesh with other processes' devices, and the rules errors of ``parallel.param_shardings``.
     """
 
     def __init__(
@@ -164,6 +313,8 @@ class BulkDecoder:
         alpha_prior=None,
         cost_cache=None,
         costs: dict | None = None,
+        mesh=None,
+        rules=None,
     ):
         from specjax.decoder import CANDIDATES, Decoder
         from specjax.decoding.inputs import check_int
@@ -226,9 +377,33 @@ class BulkDecoder:
             self.max_gamma = max(self.decoder.candidates)
         else:
             self.max_gamma = int(gamma)
+        self.mesh, self.rules = mesh, rules
+        if mesh is not None:
+            self._place_on(mesh)
         self.stats = BulkStats()
         self._programs = None
         self._gamma_now = None
+
+    def _place_on(self, mesh) -> None:
+        """Checks the mesh and places the parameters on it (target split by the rules, draft replicated)."""
+        from specjax import parallel
+        from specjax.decoding.slots import check_slot_mesh
+
+        check_slot_mesh(mesh, self.batch_size)
+        if self.gamma == "auto":
+            raise ValueError(
+                "gamma='auto' measures its costs on one device; with a mesh pass an int gamma (0: the target alone, "
+                "CLI: --gamma N)."
+            )
+        me = jax.process_index()
+        if any(d.process_index != me for d in mesh.devices.flat):
+            raise ValueError(
+                "the bulk decoder's mesh holds other processes' devices; each process decodes its share of the "
+                "input on its own devices: build the mesh with make_mesh(spec, devices=jax.local_devices())."
+            )
+        self.rules = tuple(parallel.STANDARD_RULES if self.rules is None else self.rules)
+        self.target_params = parallel.place_decoding_params(self.target_fns, self.target_params, mesh, self.rules)
+        self.draft_params = parallel.place_decoding_params(None, self.draft_params, mesh)  # replicated
 
     # --- inputs -------------------------------------------------------------------------------------------------
     def _check_row(self, index: int, row) -> np.ndarray:
@@ -308,13 +483,14 @@ class BulkDecoder:
 
         Args:
           inputs: an iterable of token id sequences (int, EOS-terminated as the tokenizer makes them; trailing
-            ``pad_id`` ignored); read lazily, ``read_ahead × batch_size`` at a time.
+            ``pad_id`` ignored); read lazily, ``read_ahead × batch_size`` at a time. On several processes every
+            process passes the same inputs and decodes its share (the module docstring).
           rng: None (seed 0), an int seed or a PRNG key; input ``i`` samples with ``fold_in(key, i)``.
           temperature, top_k, top_p: as ``speculative_sample`` (one value for every input).
           start_index: the index of the first input (a resumed run passes the lines already done, so keys and
             outputs match an uninterrupted run).
-          progress: a tqdm progress bar on stderr (lines, tokens/s, α); a dict is passed to ``tqdm`` (e.g.
-            ``total``, ``initial``, ``desc``).
+          progress: a tqdm progress bar on stderr (lines, tokens/s, α; on process 0 only); a dict is passed to
+            ``tqdm`` (e.g. ``total``, ``initial``, ``desc``).
         Yields:
           ``LineResult`` for inputs ``start_index``, ``start_index + 1``, ...
         Raises:
@@ -323,20 +499,18 @@ class BulkDecoder:
             read, so lines already yielded stay yielded); sampling values out of range.
         """
         from specjax.decoding.inputs import raw_keys
-        from specjax.decoding.slots import SlotPrograms
-        from specjax.sampling import SamplingParams, validate_sampling
+        from specjax.sampling import validate_sampling
 
         validate_sampling(temperature, top_k, top_p)
         key = raw_keys(rng, 1)
         if key.ndim != 1:
             raise ValueError("rng must be one key or an int seed for a bulk decode (line i uses fold_in(key, i)).")
         key = jax.numpy.asarray(key)
-        greedy = 1.0 if temperature <= 0 else 0.0
-        b, pad = self.batch_size, self.target_fns.pad_id
+        me, count, exchange = _processes()
         stats = self.stats = BulkStats()
         t0 = time.perf_counter()
         bar = None
-        if progress:
+        if progress and me == 0:
             import sys
 
             from tqdm import tqdm
@@ -344,15 +518,40 @@ class BulkDecoder:
             options = dict(unit="line", file=sys.stderr, desc="generate", dynamic_ncols=True)
             options.update(progress if isinstance(progress, dict) else {})
             bar = tqdm(**options)
+        pairs = process_share(enumerate(inputs, start_index), me, count)
+        stream = self._decode(pairs, key, temperature, top_k, top_p, t0)
+        if count > 1:
+            stream = merge_processes(stream, exchange, self.read_ahead * self.batch_size, self.max_decode_length)
+        try:
+            for r in stream:
+                if bar is not None:
+                    bar.update(1)
+                    alpha = f"{stats.alpha:.2f}" if stats.verified else "-"
+                    bar.set_postfix_str(
+                        f"{stats.tokens_per_second:.0f} tok/s, α {alpha}, γ {self._gamma_now}", refresh=False
+                    )
+                yield r
+        finally:
+            stats.seconds = time.perf_counter() - t0
+            if bar is not None:
+                bar.close()
 
-        reader = iter(enumerate(inputs, start_index))
+    def _decode(self, pairs: Iterator, key, temperature, top_k, top_p, t0: float) -> Iterator[LineResult]:
+        """This process's decode: ``pairs`` (index, row) through the slots, ``LineResult`` in the order of
+        ``pairs`` (sort → fill slots → run → collect → refill → emit in order); updates ``self.stats``."""
+        from specjax.decoding.slots import SlotPrograms
+        from specjax.sampling import SamplingParams
+
+        greedy = 1.0 if temperature <= 0 else 0.0
+        b, pad = self.batch_size, self.target_fns.pad_id
+        stats = self.stats
         pending: list = []  # (index, row) of the current window, longest last (popped first)
         exhausted = False
         slot_line = [-1] * b  # host mirror: the input index in each slot, -1 when empty
         slot_width = 0
         slots = None
+        order: collections.deque = collections.deque()  # indices read, in read order: the emit order
         finished: dict = {}  # index -> LineResult, waiting for an earlier line
-        next_emit = start_index
         gamma_now = self._gamma_now  # a later call goes on with the γ the last one ran
 
         def read_window():
@@ -360,87 +559,88 @@ class BulkDecoder:
             window = []
             for _ in range(self.read_ahead * b):
                 try:
-                    i, row = next(reader)
+                    i, row = next(pairs)
                 except StopIteration:
                     exhausted = True
                     break
                 window.append((i, self._check_row(i, row)))
+                order.append(i)
             window.sort(key=lambda x: (len(x[1]), -x[0]))  # shortest first; pop() takes the longest
             return window
 
-        try:
-            while True:
-                # --- fill: the free slots take the longest inputs of the window ---------------------------------
-                free = [s for s in range(b) if slot_line[s] < 0]
-                if free and not pending and not exhausted:
-                    pending = read_window()
-                take = []
-                while pending and len(take) < len(free):
-                    take.append(pending.pop())
-                if take:
-                    longest = max(len(r) for _, r in take)
-                    need = _bucket(max(longest, 1), self.max_input_length)
-                    if self._programs is None:  # the first inputs: choose the kind (γ auto) and build the programs
-                        gamma_now = self._gamma_now = self._first_gamma(take, need, greedy)
-                        self._programs = SlotPrograms.shared(
-                            self.target_fns,
-                            self.source if self.max_gamma > 0 else None,
-                            batch=b,
-                            max_decode_length=self.max_decode_length,
-                            max_gamma=self.max_gamma,
-                            eos_id=self.eos_id,
-                            verification=self.verification,
-                        )
-                    programs = self._programs
-                    if slots is None:
-                        slot_width = need
-                        slots = programs.empty(self.target_params, self.draft_params, slot_width)
-                    elif need > slot_width:
-                        slot_width = need
-                        slots = programs.widen(self.target_params, self.draft_params, slots, slot_width)
-                    m = self.refill
-                    while m < len(take):
-                        m *= 2
-                    m = min(m, b)
-                    tokens = np.full((m, slot_width), pad, np.int32)
-                    ids = np.full((m,), b, np.int32)  # b: dropped
-                    lines = np.zeros((m,), np.int32)
-                    for j, ((i, row), s) in enumerate(zip(take, free)):
-                        tokens[j, : len(row)] = row
-                        ids[j], lines[j] = s, i
-                        slot_line[s] = i
-                    keys = _line_keys(key, lines)
-                    sampling = SamplingParams.broadcast(m, temperature, top_k, top_p)
-                    slots = programs.insert(self.target_params, self.draft_params, slots, tokens, ids, keys, sampling)
-                busy = sum(1 for s in slot_line if s >= 0)
-                if busy == 0:
-                    break
-                # --- run until enough slots are free -------------------------------------------------------------
-                more = bool(pending) or not exhausted
-                idle = b - busy
-                min_done = min(b, idle + self.refill) if more else b
-                slots, iterations = self._programs.run(
-                    self.target_params, self.draft_params, slots, gamma_now, min_done, self.max_decode_length
-                )
-                st = slots.state
-                done, lengths, seqs, c = jax.device_get((st.done, st.positions, st.sequences, st.counters))
-                stats.runs += 1
-                stats.iterations += int(iterations)
-                stats.gammas[gamma_now] = stats.gammas.get(gamma_now, 0) + 1
-                new_alpha = [0.0, 0]
-                out_lengths = []
-                for s in range(b):
-                    if slot_line[s] < 0 or not done[s]:
-                        continue
-                    n = int(lengths[s])
+        while True:
+            # --- fill: the free slots take the longest inputs of the window ---------------------------------
+            free = [s for s in range(b) if slot_line[s] < 0]
+            if free and not pending and not exhausted:
+                pending = read_window()
+            take = []
+            while pending and len(take) < len(free):
+                take.append(pending.pop())
+            if take:
+                longest = max(len(r) for _, r in take)
+                need = _bucket(max(longest, 1), self.max_input_length)
+                if self._programs is None:  # the first inputs: choose the kind (γ auto) and build the programs
+                    gamma_now = self._gamma_now = self._first_gamma(take, need, greedy)
+                    self._programs = SlotPrograms.shared(
+                        self.target_fns,
+                        self.source if self.max_gamma > 0 else None,
+                        batch=b,
+                        max_decode_length=self.max_decode_length,
+                        max_gamma=self.max_gamma,
+                        eos_id=self.eos_id,
+                        verification=self.verification,
+                        mesh=self.mesh,
+                        rules=self.rules,
+                    )
+                programs = self._programs
+                if slots is None:
+                    slot_width = need
+                    slots = programs.empty(self.target_params, self.draft_params, slot_width)
+                elif need > slot_width:
+                    slot_width = need
+                    slots = programs.widen(self.target_params, self.draft_params, slots, slot_width)
+                m = _group_size(len(take), self.refill, b, programs.row_multiple)
+                tokens = np.full((m, slot_width), pad, np.int32)
+                ids = np.full((m,), b, np.int32)  # b: dropped
+                lines = np.zeros((m,), np.int32)
+                for j, ((i, row), s) in enumerate(zip(take, free)):
+                    tokens[j, : len(row)] = row
+                    ids[j], lines[j] = s, i
+                    slot_line[s] = i
+                keys = _line_keys(key, lines)
+                sampling = SamplingParams.broadcast(m, temperature, top_k, top_p)
+                slots = programs.insert(self.target_params, self.draft_params, slots, tokens, ids, keys, sampling)
+            busy = sum(1 for s in slot_line if s >= 0)
+            if busy == 0:
+                break
+            # --- run until enough slots are free -------------------------------------------------------------
+            more = bool(pending) or not exhausted
+            idle = b - busy
+            min_done = min(b, idle + self.refill) if more else b
+            slots, iterations, done = self._programs.run(
+                self.target_params, self.draft_params, slots, gamma_now, min_done, self.max_decode_length
+            )
+            done = np.asarray(jax.device_get(done))
+            stats.runs += 1
+            stats.iterations += int(iterations)
+            stats.gammas[gamma_now] = stats.gammas.get(gamma_now, 0) + 1
+            # --- collect: only the rows finished in this run leave the devices --------------------------------
+            ended = [s for s in range(b) if slot_line[s] >= 0 and done[s]]
+            new_alpha = [0.0, 0]
+            out_lengths = []
+            if ended:
+                m = _group_size(len(ended), 1, b, self._programs.row_multiple)
+                got = self._programs.collect(slots, np.array(ended + [ended[0]] * (m - len(ended)), np.int32))
+                for j, s in enumerate(ended):
+                    n = int(got["lengths"][j])
                     r = LineResult(
                         slot_line[s],
-                        np.array(seqs[s, :n], np.int32),
-                        int(c.target_calls[s]),
-                        int(c.draft_tokens[s]),
-                        int(c.accepted[s]),
-                        float(c.beta_sum[s]),
-                        int(c.num_verified[s]),
+                        np.array(got["sequences"][j, :n], np.int32),
+                        int(got["target_calls"][j]),
+                        int(got["draft_tokens"][j]),
+                        int(got["accepted"][j]),
+                        float(got["beta_sum"][j]),
+                        int(got["num_verified"][j]),
                         gamma_now,
                     )
                     finished[r.index] = r
@@ -448,49 +648,38 @@ class BulkDecoder:
                     new_alpha[0] += r.beta_sum
                     new_alpha[1] += r.num_verified
                     out_lengths.append(n)
-                # --- learn (γ auto) --------------------------------------------------------------------------------
-                if self.decoder is not None and out_lengths:
-                    d = self.decoder
-                    if new_alpha[1]:
-                        d._alpha["greedy" if greedy else "sampled"].add(new_alpha[0], float(new_alpha[1]))
-                    recent = d._lengths.setdefault(b, [])
-                    recent.append(np.asarray(out_lengths, np.int64))
-                    del recent[:-8]
-                    if gamma_now > 0 and stats.runs % RECHOOSE_EVERY == 0:
-                        probe = np.full((b, slot_width), pad, np.int32)
-                        probe[:, 0] = self.eos_id
-                        g, why = self._choose(probe, greedy, d.candidates)  # 0 too: the draft may not pay
-                        if g != gamma_now:
-                            stats.reasons.append(why)
-                        gamma_now = self._gamma_now = g
-                # --- emit in input order ---------------------------------------------------------------------------
-                while next_emit in finished:
-                    r = finished.pop(next_emit)
-                    next_emit += 1
-                    stats.lines += 1
-                    stats.tokens += len(r.tokens)
-                    stats.beta_sum += r.beta_sum
-                    stats.verified += r.num_verified
-                    stats.drafted += r.num_draft_tokens
-                    stats.accepted += r.num_accepted
-                    stats.target_calls += r.num_target_calls
-                    stats.seconds = time.perf_counter() - t0
-                    if stats.first_line_seconds is None:
-                        stats.first_line_seconds = stats.seconds
-                    if bar is not None:
-                        bar.update(1)
-                    yield r
+            # --- learn (γ auto) --------------------------------------------------------------------------------
+            if self.decoder is not None and out_lengths:
+                d = self.decoder
+                if new_alpha[1]:
+                    d._alpha["greedy" if greedy else "sampled"].add(new_alpha[0], float(new_alpha[1]))
+                recent = d._lengths.setdefault(b, [])
+                recent.append(np.asarray(out_lengths, np.int64))
+                del recent[:-8]
+                if gamma_now > 0 and stats.runs % RECHOOSE_EVERY == 0:
+                    probe = np.full((b, slot_width), pad, np.int32)
+                    probe[:, 0] = self.eos_id
+                    g, why = self._choose(probe, greedy, d.candidates)  # 0 too: the draft may not pay
+                    if g != gamma_now:
+                        stats.reasons.append(why)
+                    gamma_now = self._gamma_now = g
+            # --- emit in input order ---------------------------------------------------------------------------
+            while order and order[0] in finished:
+                r = finished.pop(order.popleft())
+                stats.lines += 1
+                stats.tokens += len(r.tokens)
+                stats.beta_sum += r.beta_sum
+                stats.verified += r.num_verified
+                stats.drafted += r.num_draft_tokens
+                stats.accepted += r.num_accepted
+                stats.target_calls += r.num_target_calls
                 stats.seconds = time.perf_counter() - t0
-                if bar is not None:
-                    alpha = f"{stats.alpha:.2f}" if stats.verified else "-"
-                    bar.set_postfix_str(f"{stats.tokens_per_second:.0f} tok/s, α {alpha}, γ {gamma_now}", refresh=False)
-            while next_emit in finished:  # nothing can be left, but never lose a line
-                yield finished.pop(next_emit)
-                next_emit += 1
-        finally:
+                if stats.first_line_seconds is None:
+                    stats.first_line_seconds = stats.seconds
+                yield r
             stats.seconds = time.perf_counter() - t0
-            if bar is not None:
-                bar.close()
+        while order and order[0] in finished:  # nothing can be left, but never lose a line
+            yield finished.pop(order.popleft())
 
     def _first_gamma(self, take, width: int, greedy: float) -> int:
         """The γ of the first run: the fixed γ, or γ auto's choice of kind (and γ) from the costs at ``b`` slots

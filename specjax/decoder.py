@@ -34,13 +34,26 @@ does not drive the choice to the program not yet timed. Every ``EXPLORE_EVERY`` 
 that long, so a factor learned in a busy moment is renewed. A program's first call compiles: its wall time is
 never used, so compile time is never charged to a choice (it still teaches α).
 
-``num_drafts="auto"`` chooses the number of draft continuations per target call (multi-draft verification,
-``speculative_sample(..., num_drafts=k)``) among ``NUM_DRAFTS_CANDIDATES`` for the γ chosen above, from measured
-tokens/s of finished calls (programs that did not compile) at this batch size and γ: one draft unless a k > 1
-has measured faster. Every ``EXPLORE_EVERY`` calls at a batch size the least measured k > 1 runs once (and once
-more right after, when that first run compiled, so it is timed). The γ cost model stays single-draft: calls with
-k > 1 teach α and their own tokens/s, not the time factor. On a 2-core AMD EPYC (Zen 4) k = 2 and 4 raised tokens
-per target call 1.11-1.29× but lowered tokens/s (``benchmarks/results/multi_draft/``): one draft stays the choice.
+Multi-draft verification (``speculative_sample(..., num_drafts=k)``). With ``gamma="auto"`` and ``num_drafts="auto"``
+(or a fixed k > 1) γ and k are chosen together: for each k > 1 in ``NUM_DRAFTS_CANDIDATES`` and γ >= 1,
+
+    seconds(γ, k) = factor(k drafts) · (encode(γ) + iterations · (branch window(γ, k) + draft step + (γ − 1) ·
+                    draft step on b · k rows)),
+
+the k-branch window (``decode_branches``, k · (γ + 1) rows per row) and the draft's step on b · k rows measured
+with the rest (``measure_costs(..., num_drafts=...)``), the iterations under the same model with the first draft
+position accepted with ``α · lift(k)`` and the later ones with α (``expected_iterations_table(..., first=)``):
+``lift(k)`` is the first position's accepted iterations per iteration in calls of k drafts over that in calls of
+one (greedy and sampled rows apart), 1 until both have run. So before a k > 1 has run it is predicted slower than
+one draft (more cost, no gain) and one draft is chosen; every ``EXPLORE_EVERY`` calls at a batch size a k-draft kind
+never run there is explored (and rerun right after, its first call having compiled, to time it), and then k > 1 runs
+whenever it is predicted faster. ``factor(k drafts)`` is learned from its own calls (the single-draft factor until
+then). On a 2-core AMD EPYC (Zen 4) k = 2 and 4 raised tokens per target call 1.11-1.29× but lowered tokens/s
+(``benchmarks/results/multi_draft/``): there one draft stays the choice.
+
+With a fixed γ, ``num_drafts="auto"`` chooses k from measured tokens/s of finished calls (programs that did not
+compile) at this batch size and γ: one draft unless a k > 1 has measured faster; every ``EXPLORE_EVERY`` calls the
+least measured k > 1 runs once (and once more right after, when that first run compiled).
 
 α starts from a prior — the shipped pair's recorded α (``specjax.defaults.PAIR_ALPHA``), else 0.6 — and is
 updated after every finished call from its ``DecodeResult`` (the paper's α: Σ β / Σ verified positions), with
@@ -72,7 +85,9 @@ __all__ = [
     "expected_iterations",
     "expected_iterations_table",
     "expected_tokens",
+    "expected_tokens_multi",
     "measure_costs",
+    "BRANCH_WINDOWS_MEASURED",
 ]
 
 CANDIDATES = tuple(range(9))
@@ -103,6 +118,17 @@ def expected_tokens(alpha: float, gamma: int) -> float:
     return float(gamma + 1) if a >= 1.0 else (1.0 - a ** (gamma + 1)) / (1.0 - a)
 
 
+def expected_tokens_multi(alpha: float, first: float, gamma: int) -> float:
+    """E[tokens per iteration] when the first draft position is accepted with chance ``first`` and each later
+    one with ``alpha`` (the paper's i.i.d. model, §3.1, with the branch point apart): ``1 + first · (1 − α^γ) /
+    (1 − α)``; ``expected_tokens(α, γ)`` at ``first = α``. Multi-draft verification (``num_drafts`` = k) raises
+    ``first`` (recursive rejection sampling keeps one of k candidates), not α along the kept branch."""
+    if gamma == 0:
+        return 1.0
+    a, a1 = min(max(float(alpha), 0.0), 1.0), min(max(float(first), 0.0), 1.0)
+    return 1.0 + a1 * (float(gamma) if a >= 1.0 else (1.0 - a**gamma) / (1.0 - a))
+
+
 def expected_iterations(lengths, alpha: float, gamma: int) -> float:
     """Expected loop iterations of a decode call whose rows are ``lengths`` tokens long (EOS included).
 
@@ -122,10 +148,14 @@ def expected_iterations(lengths, alpha: float, gamma: int) -> float:
     return expected_iterations_table([lengths], alpha, (gamma,))[gamma]
 
 
-def expected_iterations_table(calls: Sequence, alpha: float, gammas: Sequence[int]) -> dict:
+def expected_iterations_table(calls: Sequence, alpha: float, gammas: Sequence[int], first: float | None = None) -> dict:
     """{γ: ``expected_iterations`` averaged over ``calls``} (each an int[b] of row lengths) for every γ in
     ``gammas``, in one pass: the distributions of ``S_k`` for all γ are advanced together, once for the longest
-    row of all the calls (about a millisecond for 8 calls of 64 rows), so a choice costs little beside a call."""
+    row of all the calls (about a millisecond for 8 calls of 64 rows), so a choice costs little beside a call.
+
+    ``first``: the chance that the first draft position is accepted (None: ``alpha``), for multi-draft
+    verification, where k candidates at the branch point raise it: ``P(A >= j) = first · α^(j−1)`` for
+    ``1 <= j <= γ`` (``expected_tokens_multi``)."""
     calls = [np.maximum(np.asarray(x, np.int64).reshape(-1), 1) for x in calls]
     longest = max(int(x.max()) for x in calls)
     out = {g: float(np.mean([x.max() for x in calls])) for g in gammas if g == 0}
@@ -133,11 +163,13 @@ def expected_iterations_table(calls: Sequence, alpha: float, gammas: Sequence[in
     if not spec:
         return out
     a = min(max(float(alpha), 0.0), 1.0)
+    a1 = a if first is None else min(max(float(first), 0.0), 1.0)
     width = max(spec) + 2
-    pmf = np.zeros((len(spec), width))  # [γ, e]: P(e) for e = 0..max γ + 1
+    pmf = np.zeros((len(spec), width))  # [γ, e]: P(e) for e = 0..max γ + 1; P(A >= j) = a1 · a^(j − 1)
     for i, g in enumerate(spec):
-        pmf[i, 1 : g + 1] = [a ** (j - 1) * (1 - a) for j in range(1, g + 1)]
-        pmf[i, g + 1] = a**g
+        reach = [1.0] + [a1 * a ** (j - 1) for j in range(1, g + 1)]  # P(A >= j), j = 0..γ
+        pmf[i, 1 : g + 1] = [reach[j - 1] - reach[j] for j in range(1, g + 1)]
+        pmf[i, g + 1] = reach[g]
     # shift[i, t, u] = P(e = u - t) for γ spec[i]: one iteration moves the total from t to u
     t = np.arange(longest)
     shift = np.zeros((len(spec), longest, longest + width))
@@ -169,11 +201,15 @@ class Costs:
         its (g + 1)-token verification window, each at batch ``b`` with the compile options of that γ's loop.
       draft: seconds of one draft step (one token, batch ``b``) in γ's loop; ``draft[0] = 0``.
       encode: seconds of the per-call encode (the target's, plus the draft's for γ >= 1).
+      branch: multi-draft verification, {k: (window seconds per γ, the target's k-branch window of γ + 1 tokens
+        per branch (``decode_branches``; entry 0 unused), seconds of a draft step on ``b · k`` rows)}; empty when
+        not measured (``measure_costs(..., num_drafts=...)``).
     """
 
     step: tuple[float, ...]
     draft: tuple[float, ...]
     encode: tuple[float, ...]
+    branch: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         if not (len(self.step) == len(self.draft) == len(self.encode)) or len(self.step) < 1:
@@ -187,18 +223,29 @@ class Costs:
         """The largest γ these costs cover."""
         return len(self.step) - 1
 
-    def iteration(self, gamma: int) -> float:
-        """Seconds of one loop iteration at ``gamma``: the target step (γ 0) or window + γ draft steps."""
-        return self.step[gamma] + gamma * self.draft[gamma]
+    def iteration(self, gamma: int, num_drafts: int = 1) -> float:
+        """Seconds of one loop iteration at ``gamma``: the target step (γ 0) or window + γ draft steps; with
+        ``num_drafts`` = k > 1 the k-branch window, the draft's first step on ``b`` rows and γ − 1 steps on
+        ``b · k`` rows (``specjax.decoding.branches``). Raises KeyError for a k not in ``branch``."""
+        if num_drafts == 1 or gamma == 0:
+            return self.step[gamma] + gamma * self.draft[gamma]
+        window, draft_rows = self.branch[num_drafts]
+        return window[gamma] + self.draft[gamma] + (gamma - 1) * draft_rows
 
     def to_json(self) -> dict:
         """A JSON-able dict (``from_json`` reads it back)."""
-        return {"step": list(self.step), "draft": list(self.draft), "encode": list(self.encode)}
+        out = {"step": list(self.step), "draft": list(self.draft), "encode": list(self.encode)}
+        if self.branch:
+            out["branch"] = {str(k): {"step": list(w), "draft": d} for k, (w, d) in self.branch.items()}
+        return out
 
     @classmethod
     def from_json(cls, d: dict) -> "Costs":
         """Reads ``to_json``'s dict. Raises ValueError/KeyError/TypeError on a malformed one."""
-        return cls(*(tuple(float(x) for x in d[k]) for k in ("step", "draft", "encode")))
+        branch = {
+            int(k): (tuple(float(x) for x in v["step"]), float(v["draft"])) for k, v in d.get("branch", {}).items()
+        }
+        return cls(*(tuple(float(x) for x in d[k]) for k in ("step", "draft", "encode")), branch)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,17 +257,27 @@ class Choice:
       predicted: {γ: predicted tokens/s} for every candidate (empty when γ was fixed or forced).
       alpha: the α the prediction used.
       reason: one line, e.g. "auto: γ 5 predicted 251 tok/s, 1.62x the target alone (α 0.77)".
+      num_drafts: the k of the call (``speculative_sample(..., num_drafts=k)``; 1: one draft), chosen with γ when
+        both are chosen (``gamma="auto"`` with ``num_drafts`` "auto" or a k > 1).
+      predicted_drafts: {(γ, k): predicted tokens/s} for the k > 1 candidates of a joint choice (else empty).
     """
 
     gamma: int
     predicted: dict
     alpha: float
     reason: str
+    num_drafts: int = 1
+    predicted_drafts: dict = dataclasses.field(default_factory=dict)
 
     def describe(self) -> str:
         """The reason and the predicted tokens/s of each candidate on one line."""
         table = " ".join(f"{g}:{v:.0f}" for g, v in sorted(self.predicted.items()))
-        return self.reason + (f"; predicted tok/s by γ {table}" if table else "")
+        multi = " ".join(f"{g}x{k}:{v:.0f}" for (g, k), v in sorted(self.predicted_drafts.items()))
+        return (
+            self.reason
+            + (f"; predicted tok/s by γ {table}" if table else "")
+            + (f"; by γ x num_drafts {multi}" if multi else "")
+        )
 
 
 def _options(rows: int, params, batch: int):
@@ -255,7 +312,19 @@ WINDOWS_MEASURED = (2, 4, 6, 9)
 """Verification window sizes (tokens, γ + 1) ``measure_costs`` times; the others are interpolated linearly."""
 
 
-def measure_costs(target, draft, tokens, max_decode_length: int, max_gamma: int = 8, repeats: int = 5) -> Costs:
+BRANCH_WINDOWS_MEASURED = (2, 9)
+"""Tokens per branch (γ + 1) of the k-branch windows ``measure_costs`` times; the others are interpolated."""
+
+
+def measure_costs(
+    target,
+    draft,
+    tokens,
+    max_decode_length: int,
+    max_gamma: int = 8,
+    repeats: int = 5,
+    num_drafts: Sequence[int] = (),
+) -> Costs:
     """Times the target's step and windows, the draft's step and the encodes at this batch shape.
 
     Each decode part is the model's real ``DecodingModel`` function called 12 times in a jitted loop (each call
@@ -263,7 +332,7 @@ def measure_costs(target, draft, tokens, max_decode_length: int, max_gamma: int 
     a loop (a bfloat16 model's weights converted for XLA:CPU's float32 dots) is then paid once per loop, not
     per call. Compiled with the XLA:CPU options the loop of that γ uses (``decoding/xla_cpu.py``), on a cache of
     the loop's length (``T + max_gamma + 1``); the least of ``repeats`` runs after a warm-up, per call. The
-    target alone's step (``STEP_WINDOW`` tokens, as ``temperature_sample`` feeds it) and its windows of
+    target alone's step (``baseline.decode_step``, as ``temperature_sample`` runs it) and its windows of
     ``WINDOWS_MEASURED`` tokens are timed, other windows interpolated linearly in the window size; the draft
     step once per distinct compile option set; the encodes once. The
     parts are timed in ``repeats`` interleaved rounds (``_least_seconds_interleaved``), so a burst of load on a
@@ -277,6 +346,9 @@ def measure_costs(target, draft, tokens, max_decode_length: int, max_gamma: int 
       tokens: int32[b, s] a batch of the call's shape (its real lengths set the encoder width used).
       max_decode_length: ``T`` (tokens). max_gamma: the largest γ to cover. repeats: timed rounds (each part
         once a round).
+      num_drafts: k > 1 values whose multi-draft iteration to time as well (a draft model only): the target's
+        k-branch window (``decode_branches``) at ``BRANCH_WINDOWS_MEASURED`` tokens per branch, interpolated
+        linearly in γ, and a draft step on ``b · k`` rows (``Costs.branch``): 3 more compiles per k.
     Returns:
       ``Costs`` with ``max_gamma + 1`` entries per field (seconds).
     """
@@ -291,28 +363,42 @@ def measure_costs(target, draft, tokens, max_decode_length: int, max_gamma: int 
     x = jnp.asarray(tokens, jnp.int32)
     b = x.shape[0]
     length = max_decode_length + max_gamma + 1
-    pos = jnp.ones((b,), jnp.int32)
     calls = 12
 
-    def decode_part(fns, params, k: int, options):
-        """(fn, args) running ``calls`` decode calls of ``k`` tokens in one jitted loop."""
-        enc = jax.jit(fns.encode)(params, x)
+    def decode_part(fns, params, k: int, options, rows: int = 1, branches: int = 0, step: bool = False):
+        """(fn, args) running ``calls`` decode calls of ``k`` tokens in one jitted loop, on the call's rows each
+        repeated ``rows`` times; with ``branches`` > 0, ``decode_branches`` calls of that many branches of ``k``
+        tokens instead (the cache read, not written, as the loop's verify step); ``step``: the target alone's
+        step as its loops run it (``baseline.decode_step``, k = 1)."""
+        from specjax.decoding.baseline import decode_step
+
+        xr = jnp.repeat(x, rows, axis=0)
+        br = b * rows
+        enc = jax.jit(fns.encode)(params, xr)
+        shape = (br, branches, k) if branches else (br, k)
+        posr = jnp.ones((br,), jnp.int32)
 
         def chain(params, enc, cache):  # `calls` decode calls in one loop, each fed the last one's argmax
             def body(i, carry):
                 cache, tokens = carry
-                logits, cache = fns.decode(params, enc, tokens, cache, pos + i % 8)
-                return cache, jnp.argmax(logits, axis=-1).astype(jnp.int32)  # [b, k]: every logit is used
+                if step:
+                    logits, cache = decode_step(fns, params, enc, tokens, cache, posr + i % 8)
+                    return cache, jnp.argmax(logits, axis=-1).astype(jnp.int32)[:, None]
+                if branches:
+                    logits, _ = fns.decode_branches(params, enc, tokens, cache, posr + i % 8)
+                else:
+                    logits, cache = fns.decode(params, enc, tokens, cache, posr + i % 8)
+                return cache, jnp.argmax(logits, axis=-1).astype(jnp.int32)  # every logit is used
 
-            return jax.lax.fori_loop(0, calls, body, (cache, jnp.full((b, k), 3, jnp.int32)))[1]
+            return jax.lax.fori_loop(0, calls, body, (cache, jnp.full(shape, 3, jnp.int32)))[1]
 
-        return jax.jit(chain, compiler_options=options), (params, enc, fns.init_cache(b, length))
+        return jax.jit(chain, compiler_options=options), (params, enc, fns.init_cache(br, length))
 
     ks = sorted({k for k in WINDOWS_MEASURED if k <= max_gamma + 1} | {max_gamma + 1} - {1})
     from specjax.decoding.baseline import STEP_WINDOW
 
-    # The target alone's step is fed STEP_WINDOW tokens (one numeric path with the windows): timed as it runs.
-    parts = {("target", 1): decode_part(t_fns, t_params, STEP_WINDOW, _options(b * STEP_WINDOW, t_params, b))}
+    # The target alone's step on the windows' numeric path (STEP_WINDOW, decode_step): timed as it runs.
+    parts = {("target", 1): decode_part(t_fns, t_params, 1, _options(b * STEP_WINDOW, t_params, b), step=True)}
     parts.update({("target", k): decode_part(t_fns, t_params, k, _options(b * k, t_params, b)) for k in ks})
     draft_options: dict = {}  # γ -> the key of the compile options its loop uses (the draft step runs under them)
     for g in range(1, max_gamma + 1):
@@ -324,6 +410,12 @@ def measure_costs(target, draft, tokens, max_decode_length: int, max_gamma: int 
     parts[("encode", "target")] = (jax.jit(t_fns.encode), (t_params, x))
     if d_fns is not None:
         parts[("encode", "draft")] = (jax.jit(d_fns.encode), (d_params, x))
+    branch_ks = sorted({int(k) for k in num_drafts if k > 1}) if d_fns is not None else []
+    branch_ws = sorted({min(max(w, 2), max_gamma + 1) for w in BRANCH_WINDOWS_MEASURED})
+    for k in branch_ks:
+        for w in branch_ws:
+            parts[("branch", k, w)] = decode_part(t_fns, t_params, w, _options(b * k * w, t_params, b), branches=k)
+        parts[("draft rows", k)] = decode_part(d_fns, d_params, 1, None, rows=k)
     seconds = _least_seconds_interleaved(parts, repeats)
 
     window = {k: seconds[("target", k)] / calls for k in ks}
@@ -338,18 +430,27 @@ def measure_costs(target, draft, tokens, max_decode_length: int, max_gamma: int 
     e_t = seconds[("encode", "target")]
     e_d = seconds.get(("encode", "draft"), 0.0)
     encodes = [e_t] + [e_t + e_d] * max_gamma
-    return Costs(tuple(step), tuple(drafts), tuple(encodes))
+    branch = {}
+    for k in branch_ks:
+        windows = [seconds[("branch", k, w)] / calls for w in branch_ws]
+        windows = [max(windows[: i + 1]) for i in range(len(windows))]  # a wider window is never cheaper
+        per_gamma = (0.0,) + tuple(float(np.interp(g + 1, branch_ws, windows)) for g in range(1, max_gamma + 1))
+        branch[k] = (per_gamma, seconds[("draft rows", k)] / calls)
+    return Costs(tuple(step), tuple(drafts), tuple(encodes), branch)
 
 
-def _kind(gamma: int) -> str:
-    """The kind of program a γ runs: "target alone" (γ 0, ``temperature_sample``) or "speculative"."""
-    return "target alone" if gamma == 0 else "speculative"
+def _kind(gamma: int, num_drafts: int = 1) -> str:
+    """The kind of program a γ runs: "target alone" (γ 0, ``temperature_sample``), "speculative" (one draft) or
+    "k drafts" (multi-draft verification, ``num_drafts`` = k > 1)."""
+    if gamma == 0:
+        return "target alone"
+    return "speculative" if num_drafts == 1 else f"{num_drafts} drafts"
 
 
-def _model_seconds(costs: Costs, gamma: int, iterations: float) -> float:
-    """The cost model's seconds for a call at ``gamma`` of ``iterations`` loop iterations: encode + iterations ·
-    ``costs.iteration(gamma)`` (module docstring)."""
-    return costs.encode[gamma] + max(iterations, 1.0) * costs.iteration(gamma)
+def _model_seconds(costs: Costs, gamma: int, iterations: float, num_drafts: int = 1) -> float:
+    """The cost model's seconds for a call at ``gamma`` (and ``num_drafts``) of ``iterations`` loop iterations:
+    encode + iterations · ``costs.iteration(gamma, num_drafts)`` (module docstring)."""
+    return costs.encode[gamma] + max(iterations, 1.0) * costs.iteration(gamma, num_drafts)
 
 
 def _model_digest(model) -> str:
@@ -434,9 +535,9 @@ class Decoder:
       max_decode_length: ``T``, the most output tokens per row.
       eos_id, max_input_length, truncate, verification, draft_confidence_threshold: as ``speculative_sample``.
       num_drafts: as ``speculative_sample`` (1..4, draft continuations per target call) for every speculative
-        call, or "auto": chosen per call among ``NUM_DRAFTS_CANDIDATES`` from measured tokens/s (module
-        docstring; one draft until a k > 1 measures faster). A fixed k > 1 needs a fixed ``gamma`` (γ auto's cost
-        model is single-draft). ``last_num_drafts`` says what the last call ran.
+        call, or "auto": chosen per call among ``NUM_DRAFTS_CANDIDATES`` (module docstring; one draft until a
+        k > 1 is predicted or measured faster); with ``gamma="auto"`` γ and k are chosen together from measured
+        costs, and a fixed k > 1 has γ chosen for it. ``last_num_drafts`` says what the last call ran.
       candidates: the γ values "auto" picks from (default 0..8).
       alpha_prior: the α to start from: a float or (greedy, sampled); None: the shipped pair's recorded α
         (``recorded_alpha``), else ``DEFAULT_ALPHA``.
@@ -446,7 +547,7 @@ class Decoder:
     Raises:
       ValueError: a gamma that is not "auto" or an int >= 0; a draft of None with gamma >= 1; a draft
         ``speculative_sample`` refuses (another vocabulary or pad id; checked here, with every γ); candidates
-        outside 0..8 or empty; alpha_prior outside [0, 1]; num_drafts outside 1..4, or > 1 with gamma "auto".
+        outside 0..8 or empty; alpha_prior outside [0, 1]; num_drafts not "auto" nor in 1..4.
     """
 
     def __init__(
@@ -473,11 +574,6 @@ class Decoder:
             isinstance(num_drafts, bool) or not isinstance(num_drafts, int) or not 1 <= num_drafts <= 4
         ):
             raise ValueError(f"num_drafts must be 'auto' or an int in [1, 4] (1: one draft), got {num_drafts!r}.")
-        if num_drafts != "auto" and num_drafts > 1 and gamma == "auto":
-            raise ValueError(
-                f"gamma='auto' models one draft per target call; with num_drafts={num_drafts} pass a fixed gamma "
-                "(e.g. gamma=3), or num_drafts=1."
-            )
         if draft is None and gamma not in ("auto", 0):
             raise ValueError(f"gamma={gamma} needs a draft; pass draft= or use gamma=0 (the target alone).")
         candidates = tuple(sorted({int(g) for g in candidates})) if draft is not None else (0,)
@@ -511,7 +607,9 @@ class Decoder:
         # num_drafts > 1 needs a draft model drafting γ tokens: "auto" stays at 1 for anything else
         self._can_branch = draft is not None and not hasattr(draft, "propose") and draft_confidence_threshold is None
         self._k_rates: dict = {}  # (b, γ, k) -> tokens/s of the last calls of k drafts that did not compile
-        self._k_pending: dict = {}  # b -> a k > 1 whose explored call compiled: run once more to time it
+        self._k_pending: dict = {}  # b -> a k > 1 (fixed γ) or (γ, k) (joint) whose explored call compiled: rerun
+        # first draft position accepted / iterations, per k and greedy / sampled rows (the joint choice's lift)
+        self._first: dict = {}
         self.last_num_drafts = 1
         self.candidates = candidates
         self.alpha_prior = (float(prior[0]), float(prior[1]))
@@ -544,6 +642,7 @@ class Decoder:
             width=s,
             max_decode_length=self.max_decode_length,
             max_gamma=max(self.candidates),
+            **({"num_drafts": list(self.branch_drafts())} if self.branch_drafts() else {}),
         )
 
     def costs_known(self, tokens) -> bool:
@@ -554,9 +653,13 @@ class Decoder:
             return True
         stored = self.cost_cache.get(self._cost_key(tokens)) if self.cost_cache is not None else None
         try:
-            return stored is not None and Costs.from_json(stored).max_gamma >= max(self.candidates)
+            return stored is not None and self._covers(Costs.from_json(stored))
         except (KeyError, TypeError, ValueError):
             return False
+
+    def _covers(self, costs: Costs) -> bool:
+        """Whether ``costs`` hold every γ candidate and every k of ``branch_drafts``."""
+        return costs.max_gamma >= max(self.candidates) and all(k in costs.branch for k in self.branch_drafts())
 
     def costs_for(self, tokens) -> Costs:
         """The ``Costs`` at this batch shape: given at construction, cached on disk, else measured now (once)."""
@@ -572,13 +675,14 @@ class Decoder:
                 costs = Costs.from_json(stored)
             except (KeyError, TypeError, ValueError):
                 costs = None
-        if costs is None or costs.max_gamma < max(self.candidates):
+        if costs is None or not self._covers(costs):
             costs = measure_costs(
                 self.target,
                 self.draft if self.draft is not None else self.target,
                 tokens,
                 self.max_decode_length,
                 max(self.candidates),
+                num_drafts=self.branch_drafts(),
             )
             if self.cost_cache is not None:
                 self.cost_cache.put(key, costs.to_json())
@@ -593,15 +697,62 @@ class Decoder:
         iterations = expected_iterations_table(recent, alpha, gammas)
         return {g: tokens / max(_model_seconds(costs, g, iterations[g]) * self.factor(batch, g), 1e-12) for g in gammas}
 
-    def factor(self, batch: int, gamma: int) -> float:
-        """Measured / modelled seconds for calls of ``gamma``'s kind (0: the target alone; >= 1: speculative) at
-        this batch size: the median of that kind's last calls; a kind not run yet borrows the other's; 1.0 before
-        any call. See the module docstring."""
-        own = self._factors.get((batch, _kind(gamma)))
+    def factor(self, batch: int, gamma: int, num_drafts: int = 1) -> float:
+        """Measured / modelled seconds for calls of ``gamma``'s kind (0: the target alone; >= 1: speculative; with
+        ``num_drafts`` = k > 1: k drafts) at this batch size: the median of that kind's last calls; a kind not
+        run yet borrows the other's (k drafts: the single-draft one first); 1.0 before any call. See the module
+        docstring."""
+        own = self._factors.get((batch, _kind(gamma, num_drafts)))
         if own:
             return float(np.median(own))
+        if num_drafts > 1 and gamma > 0:
+            return self.factor(batch, gamma)
         other = self._factors.get((batch, _kind(1 - min(gamma, 1))))
         return float(np.median(other)) if other else 1.0
+
+    def branch_drafts(self) -> tuple[int, ...]:
+        """The k > 1 a joint (γ, k) choice considers: ``NUM_DRAFTS_CANDIDATES`` beyond 1 for ``num_drafts="auto"``,
+        the fixed k > 1, else none; none for a draft that cannot branch (prompt lookup, a confidence stop) or
+        with a fixed γ (then ``num_drafts="auto"`` chooses k by measured tokens/s alone)."""
+        if self.gamma != "auto" or not self._can_branch:
+            return ()
+        if self.num_drafts == "auto":
+            return tuple(k for k in NUM_DRAFTS_CANDIDATES if k > 1)
+        return (int(self.num_drafts),) if int(self.num_drafts) > 1 else ()
+
+    def first_acceptance(self, num_drafts: int, greedy_fraction: float) -> float:
+        """The chance the first draft position is accepted with ``num_drafts`` = k candidates at the branch point:
+        the running α times the lift measured between k and one draft (the first position's accepted
+        iterations / iterations, in calls of k against calls of 1, greedy and sampled rows apart); α itself for
+        k = 1 and until both are measured. At most 1."""
+        alpha = self.alpha(greedy_fraction)
+        if num_drafts == 1:
+            return alpha
+        lift = 0.0
+        for name, share in (("greedy", greedy_fraction), ("sampled", 1.0 - greedy_fraction)):
+            one, many = self._first.get((1, name)), self._first.get((num_drafts, name))
+            ratio = many.value / one.value if one is not None and many is not None and one.value > 0 else 1.0
+            lift += share * ratio
+        return min(1.0, alpha * lift)
+
+    def predict_drafts(self, costs: Costs, greedy_fraction: float, batch: int, ks: Sequence[int]) -> dict:
+        """{(γ, k): predicted tokens/s} for every speculative γ candidate and k in ``ks`` (> 1) whose costs were
+        measured: ``tokens / (factor · (encode(γ) + iterations · iteration(γ, k)))``, the iterations with the
+        first position accepted with ``first_acceptance(k)`` and the later ones with α (``expected_iterations_table``),
+        ``factor`` that of the k-draft calls (borrowing the single-draft one until they have run)."""
+        recent = self._lengths.get(batch) or [np.full((batch,), max(self.max_decode_length // 2, 1))]
+        tokens = float(np.mean([np.sum(x) for x in recent]))
+        alpha = self.alpha(greedy_fraction)
+        gammas = [g for g in self.candidates if 1 <= g <= costs.max_gamma]
+        out = {}
+        for k in ks:
+            if k not in costs.branch or not gammas:
+                continue
+            iterations = expected_iterations_table(recent, alpha, gammas, self.first_acceptance(k, greedy_fraction))
+            for g in gammas:
+                seconds = _model_seconds(costs, g, iterations[g], k) * self.factor(batch, g, k)
+                out[(g, k)] = tokens / max(seconds, 1e-12)
+        return out
 
     def choose(self, tokens, temperature) -> Choice:
         """The ``Choice`` for a call on ``tokens`` int[b, s] at ``temperature`` (float or float[b]); measures the
@@ -614,27 +765,49 @@ class Decoder:
             return Choice(int(self.gamma), {}, alpha, f"fixed γ {self.gamma}")
         if self.candidates == (0,):
             return Choice(0, {}, alpha, "auto: no draft, the target alone")
-        predicted = self.predict(self.costs_for(tokens), alpha, b)
-        best = max(predicted, key=predicted.get)
+        costs = self.costs_for(tokens)
+        predicted = self.predict(costs, alpha, b)
+        ks = self.branch_drafts()
+        multi = self.predict_drafts(costs, greedy, b, ks) if ks else {}
+        if self.num_drafts != "auto" and ks:  # a fixed k > 1: its windows, or the target alone
+            predicted = {g: v for g, v in predicted.items() if g == 0}
+        joint = {(g, 1): v for g, v in predicted.items()} | multi  # (γ, k) -> tok/s
+        pending = self._k_pending.pop(b, None) if ks else None
+        if pending is not None and pending in joint:  # the explored (γ, k) compiled on its first call: time it
+            why = f" ({pending[1]} drafts timed: the first call compiled)"
+            return self._choice(joint, pending, predicted, multi, alpha, why)
+        best = max(joint, key=joint.get)
         last = self._last_gamma.get(b)
-        kept = last is not None and last in predicted and predicted[best] <= predicted[last] * (1 + SWITCH_MARGIN)
+        last = last if isinstance(last, tuple) else (last, 1)
+        kept = last in joint and joint[best] <= joint[last] * (1 + SWITCH_MARGIN)
         if kept:
             best = last
         why = f" (kept: no γ predicted {SWITCH_MARGIN:.0%} faster)" if kept else ""
-        other = {g: v for g, v in predicted.items() if _kind(g) != _kind(best)}
         calls = self._calls.get(b, 0)
-        if other and calls >= EXPLORE_EVERY:
-            alt = max(other, key=other.get)
-            stale = calls - self._kind_ran.get((b, _kind(alt)), -1) > EXPLORE_EVERY
-            if stale and other[alt] >= EXPLORE_WITHIN * predicted[best]:
-                best, kept = alt, False
-                why = f" (explored: the {_kind(alt)} had not run for {EXPLORE_EVERY} calls)"
+        kinds = {}  # kind -> its best (γ, k)
+        for key, v in joint.items():
+            kind = _kind(*key)
+            if kind != _kind(*best) and (kind not in kinds or v > joint[kinds[kind]]):
+                kinds[kind] = key
+        if kinds and calls >= EXPLORE_EVERY:
+            # The stalest kind first; a k-draft kind never run at this batch size is explored whatever its
+            # prediction (its lift and factor are not measured yet), the others when predicted close to the best.
+            for kind, alt in sorted(kinds.items(), key=lambda kv: self._kind_ran.get((b, kv[0]), -1)):
+                stale = calls - self._kind_ran.get((b, kind), -1) > EXPLORE_EVERY
+                unmeasured = alt[1] > 1 and (b, kind) not in self._kind_ran
+                if stale and (unmeasured or joint[alt] >= EXPLORE_WITHIN * joint[best]):
+                    best, why = alt, f" (explored: the {kind} had not run for {EXPLORE_EVERY} calls)"
+                    break
+        return self._choice(joint, best, predicted, multi, alpha, why)
+
+    def _choice(self, joint: dict, best: tuple, predicted: dict, multi: dict, alpha: float, why: str) -> Choice:
+        """The ``Choice`` of (γ, k) ``best`` among ``joint`` {(γ, k): tok/s}, with its one-line reason."""
+        g, k = best
         base = predicted.get(0)
-        vs = f", {predicted[best] / base:.2f}x the target alone" if base else ""
-        what = "the target alone" if best == 0 else f"γ {best}"
-        return Choice(
-            best, predicted, alpha, f"auto: {what} predicted {predicted[best]:.0f} tok/s{vs} (α {alpha:.3f}){why}"
-        )
+        vs = f", {joint[best] / base:.2f}x the target alone" if base else ""
+        what = "the target alone" if g == 0 else f"γ {g}" + (f" with {k} drafts" if k > 1 else "")
+        reason = f"auto: {what} predicted {joint[best]:.0f} tok/s{vs} (α {alpha:.3f}){why}"
+        return Choice(g, predicted, alpha, reason, k, multi)
 
     # --- a call ---------------------------------------------------------------------------------------------
     def __call__(self, encoder_input_tokens, *, rng=None, temperature=1.0, top_k=0, top_p=1.0, gamma=None):
@@ -665,7 +838,11 @@ class Decoder:
         else:
             choice = self.choose(tokens, temperature)
         g = choice.gamma
-        k, why = self._choose_num_drafts(tokens.shape[0], g)
+        if self.branch_drafts():  # γ and k chosen together (or a fixed k > 1 with γ auto)
+            k = choice.num_drafts if gamma is None else (1 if self.num_drafts == "auto" else int(self.num_drafts))
+            k, why = (k if g > 0 else 1), ""
+        else:
+            k, why = self._choose_num_drafts(tokens.shape[0], g)
         if why:
             choice = dataclasses.replace(choice, reason=f"{choice.reason}; {why}")
         sampling = dict(rng=rng, temperature=temperature, top_k=top_k, top_p=top_p)
@@ -690,7 +867,7 @@ class Decoder:
         seconds = time.perf_counter() - t0
         self.last_choice, self.last_num_drafts = choice, k
         if self.gamma == "auto":
-            self._note_run(tokens.shape[0], choice, forced=gamma is not None)
+            self._note_run(tokens.shape[0], choice, forced=gamma is not None, num_drafts=k)
         self._learn(tokens, temperature, g, jax.device_get(result), seconds, k)
         return result
 
@@ -719,12 +896,12 @@ class Decoder:
         measured = " ".join(f"{k}:{v:.0f}" for k, v in sorted(rates.items()))
         return best, f"num_drafts {best}" + (f" (measured tok/s by k {measured})" if measured else "")
 
-    def _note_run(self, batch: int, choice: Choice, forced: bool) -> None:
-        """Books an auto decoder's call at ``batch`` rows: the γ to keep (not a forced or an explored one), the
-        call count and when each kind last ran (for ``EXPLORE_EVERY``)."""
+    def _note_run(self, batch: int, choice: Choice, forced: bool, num_drafts: int = 1) -> None:
+        """Books an auto decoder's call at ``batch`` rows: the γ (and k) to keep (not a forced or an explored one),
+        the call count and when each kind last ran (for ``EXPLORE_EVERY``)."""
         if not forced and "(explored:" not in choice.reason:
-            self._last_gamma[batch] = choice.gamma
-        self._kind_ran[(batch, _kind(choice.gamma))] = self._calls.get(batch, 0)
+            self._last_gamma[batch] = (choice.gamma, num_drafts) if num_drafts > 1 else choice.gamma
+        self._kind_ran[(batch, _kind(choice.gamma, num_drafts))] = self._calls.get(batch, 0)
         self._calls[batch] = self._calls.get(batch, 0) + 1
 
     def _learn(self, tokens: np.ndarray, temperature, gamma: int, result, seconds: float, num_drafts: int = 1) -> None:
@@ -742,6 +919,13 @@ class Decoder:
         recent_lengths = self._lengths.setdefault(b, [])
         recent_lengths.append(lengths)
         del recent_lengths[:-_RECENT]
+        if gamma > 0:  # the first draft position's acceptance per iteration, by k (the joint choice's lift)
+            first = np.asarray(result.accepted_per_position, np.float64)[:, 0]
+            calls = np.asarray(result.num_target_calls, np.float64)
+            for name, rows in (("greedy", temps <= 0), ("sampled", temps > 0)):
+                if rows.any() and calls[rows].sum() > 0:
+                    running = self._first.setdefault((num_drafts, name), _Running(0.0, 0.0))
+                    running.add(float(first[rows].sum()), float(calls[rows].sum()))
         call_alpha = float(beta.sum() / verified.sum()) if verified.sum() > 0 else float("nan")
         self.history.append((gamma, seconds, int(np.sum(result.lengths)), call_alpha))
         program = (
@@ -754,19 +938,19 @@ class Decoder:
         self.last_compiled, self.last_seconds = program not in self._compiled, seconds
         if self.last_compiled:  # the first call compiled: its time teaches nothing
             self._compiled.add(program)
-            if self.num_drafts == "auto" and num_drafts > 1:
+            if num_drafts > 1 and self.branch_drafts():
+                self._k_pending[b] = (gamma, num_drafts)
+            elif self.num_drafts == "auto" and num_drafts > 1:
                 self._k_pending[b] = num_drafts
             return
         if self.num_drafts == "auto" and gamma > 0:
             rates = self._k_rates.setdefault((b, gamma, num_drafts), [])
             rates.append(float(np.sum(result.lengths)) / max(seconds, 1e-12))
             del rates[:-_RECENT]
-        if num_drafts > 1:  # the cost model is single-draft: its time factor learns from single-draft calls only
-            return
         costs = self.costs.get(b)
-        if costs is None or gamma > costs.max_gamma:
-            return
+        if costs is None or gamma > costs.max_gamma or (num_drafts > 1 and num_drafts not in costs.branch):
+            return  # (k drafts without measured branch costs: no model to correct)
         iterations = float(np.max(result.num_target_calls)) if gamma > 0 else longest  # the loop's, exactly
-        recent = self._factors.setdefault((b, _kind(gamma)), [])
-        recent.append(seconds / max(_model_seconds(costs, gamma, iterations), 1e-12))
+        recent = self._factors.setdefault((b, _kind(gamma, num_drafts)), [])
+        recent.append(seconds / max(_model_seconds(costs, gamma, iterations, num_drafts), 1e-12))
         del recent[:-_RECENT]

@@ -57,6 +57,15 @@ __all__ = [
     "data_parallel_program",
     "model_parallel_program",
     "maybe_initialize_distributed",
+    "mesh_decoding_model",
+    "mesh_draft_source",
+    "place_decoding_params",
+    "activation_shardings",
+    "batch_sharding",
+    "process_mesh",
+    "host_loading",
+    "is_process_zero",
+    "value_of_process_zero",
     "decode_fn_from_flags",
     "ParallelRunner",
     "num_compiled_programs",
@@ -337,7 +346,7 @@ def _cache_axes(cache: t5.KVCache) -> t5.KVCache:
 class _MeshT5Decoding:
     """``T5Decoding`` plus ``with_sharding_constraint`` on what the loop carries (encoder outputs and caches:
     batch over data, heads over model) and on the logits [b, k, v] (batch only: the vocabulary is gathered
-    once per call before sampling)."""
+    once per call before sampling); a ``BranchDecodingModel`` too, so ``num_drafts`` > 1 runs on a mesh."""
 
     inner: T5Decoding
     mesh: Mesh
@@ -363,13 +372,142 @@ class _MeshT5Decoding:
         encoded = self.inner.encode(params, encoder_input_tokens)
         return self._pin_tree(encoded, _encoded_axes(encoded))
 
-    def decode(self, params, encoded, tokens, cache, positions):
-        logits, cache = self.inner.decode(params, encoded, tokens, cache, positions)
+    @property
+    def query_rows(self) -> bool:
+        return getattr(self.inner, "query_rows", False)
+
+    def decode(self, params, encoded, tokens, cache, positions, **kwargs):
+        logits, cache = self.inner.decode(params, encoded, tokens, cache, positions, **kwargs)
         return self._pin(logits, ("batch", None, None)), self._pin_tree(cache, _cache_axes(cache))
 
     def init_cache(self, batch, length):
         cache = self.inner.init_cache(batch, length)
         return self._pin_tree(cache, _cache_axes(cache))
+
+    # Multi-draft verification (``num_drafts`` > 1): the branch window's logits [b, k, w, v] batch only, the caches
+    # as above; a branch window's keys/values [(l,) b, k · w, n, h] are left to the partitioner (used once, then
+    # committed).
+    def decode_branches(self, params, encoded, tokens, cache, positions):
+        logits, window = self.inner.decode_branches(params, encoded, tokens, cache, positions)
+        return self._pin(logits, ("batch", None, None, None)), window
+
+    def commit_branch(self, cache, window, branch, positions, width: int):
+        cache = self.inner.commit_branch(cache, window, branch, positions, width)
+        return self._pin_tree(cache, _cache_axes(cache))
+
+    def fork_rows(self, tree, k: int):
+        return self.inner.fork_rows(tree, k)
+
+    def take_rows(self, cache, rows):
+        cache = self.inner.take_rows(cache, rows)
+        return self._pin_tree(cache, _cache_axes(cache))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Bulk decoding over a mesh (``specjax.decoding.slots``, ``specjax.bulk``): the same wrapper, rules and parameter
+# shardings as ``model_parallel_sample``, applied to decode slots
+
+
+def mesh_decoding_model(fns, mesh: Mesh, rules: Rules = STANDARD_RULES):
+    """``fns`` as a bulk decode over ``mesh`` runs it: a ``T5Decoding`` gets the activation constraints of
+    ``model_parallel_sample`` (encoder outputs and caches batch over "data", heads over "model"; logits batch
+    over "data"); any other ``DecodingModel`` is returned unchanged (its activations follow its inputs)."""
+    return _MeshT5Decoding(fns, mesh, tuple(rules)) if isinstance(fns, T5Decoding) else fns
+
+
+def mesh_draft_source(source, mesh: Mesh, rules: Rules = STANDARD_RULES, shard_draft: bool = False):
+    """A draft source (``ModelDraft``, ``PromptLookupDraft``, None) for a bulk decode over ``mesh``: a draft
+    model's activations batch over "data" and, unless ``shard_draft``, replicated over "model" (as
+    ``model_parallel_sample`` treats the draft); a source without a model is returned unchanged."""
+    from specjax.decoding.drafts import ModelDraft
+
+    if not isinstance(source, ModelDraft):
+        return source
+    draft_rules = tuple(rules) if shard_draft else _drop_axis(tuple(rules), DATA)
+    return dataclasses.replace(source, model=mesh_decoding_model(source.model, mesh, draft_rules))
+
+
+def place_decoding_params(fns, params, mesh: Mesh, rules: Rules = STANDARD_RULES):
+    """``params`` of the ``DecodingModel`` ``fns`` placed on ``mesh``: a ``T5Decoding``'s split by
+    ``param_shardings(config, mesh, rules)`` (stacked for scanned layers), anything else replicated. None stays
+    None. Raises ValueError as ``param_shardings``."""
+    if params is None:
+        return None
+    if isinstance(fns, T5Decoding):
+        specs = param_shardings(fns.config, mesh, rules, stacked=fns.scan_layers)
+        return jax.tree_util.tree_map(_put, params, specs)
+    replicated = NamedSharding(mesh, P())
+    return jax.tree_util.tree_map(lambda x: _put(x, replicated), params)
+
+
+def activation_shardings(tree, mesh: Mesh, rules: Rules = STANDARD_RULES):
+    """``NamedSharding``s for a ``t5.Encoded`` or ``t5.KVCache`` (what ``_MeshT5Decoding`` pins them to: batch
+    over "data", heads over "model" by ``rules``), or None for any other tree."""
+    if isinstance(tree, t5.Encoded):
+        axes = _encoded_axes(tree)
+    elif isinstance(tree, t5.KVCache):
+        axes = _cache_axes(tree)
+    else:
+        return None
+    spec = lambda x, logical: NamedSharding(mesh, logical_to_mesh_spec(logical, rules, mesh, what="activation"))
+    return jax.tree_util.tree_map(spec, tree, axes)  # axes mirror ``tree`` down to its arrays, as in ``_pin_tree``
+
+
+def batch_sharding(mesh: Mesh, ndim: int, axis: int | None) -> NamedSharding:
+    """The sharding of a per-row array of ``ndim`` dimensions whose rows are on ``axis``: rows over "data",
+    the rest replicated (``axis`` None: all replicated)."""
+    spec = [None] * ndim
+    if axis is not None:
+        spec[axis] = DATA
+    return NamedSharding(mesh, P(*spec))
+
+
+def process_mesh(data_parallel: bool = False, mesh: str | None = None) -> Mesh | None:
+    """The mesh ``specjax generate --data-parallel`` / ``--mesh data:N,model:M`` decodes on: ``("data",
+    "model")`` over this process's devices (``jax.local_devices()``; on several processes each decodes its share
+    of the input, ``specjax.bulk``), ``data:<local devices>`` for ``--data-parallel``, None for neither.
+
+    Raises:
+      ValueError: both flags given; a malformed mesh or one whose sizes do not multiply to the local device
+        count (see ``make_mesh``).
+    """
+    if data_parallel and mesh:
+        raise ValueError(
+            "--data-parallel and --mesh are alternatives: --data-parallel splits the slots over all devices "
+            "with replicated weights; --mesh data:N,model:M also splits the weights (--mesh data:<devices>,model:1 "
+            "is --data-parallel)."
+        )
+    if not (data_parallel or mesh):
+        return None
+    return make_mesh(mesh or None, devices=jax.local_devices())
+
+
+def is_process_zero() -> bool:
+    """True on process 0 (``jax.process_index() == 0``; always on one process): the one that writes outputs."""
+    return jax.process_index() == 0
+
+
+def value_of_process_zero(value: int) -> int:
+    """``value`` as process 0 has it, on every process (``multihost_utils.broadcast_one_to_all``; e.g. the lines
+    already in an output file that only process 0 writes); ``value`` itself on one process. Every process must
+    call it (a collective)."""
+    if jax.process_count() == 1:
+        return int(value)
+    from jax.experimental import multihost_utils
+
+    return int(multihost_utils.broadcast_one_to_all(np.int32(value)))
+
+
+def host_loading():
+    """A context for loading checkpoints that will be split over a mesh: arrays are created in host memory (the
+    CPU backend) rather than on the first accelerator, which a target larger than one device would overflow; a
+    no-op without a CPU backend."""
+    import contextlib
+
+    try:
+        return jax.default_device(jax.devices("cpu")[0])
+    except RuntimeError:
+        return contextlib.nullcontext()
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -711,12 +849,7 @@ class ParallelRunner:
         ``place`` then sends each device its slices. Elsewhere (or without a CPU backend) a no-op."""
         import contextlib
 
-        if self.mode != "mesh":
-            return contextlib.nullcontext()
-        try:
-            return jax.default_device(jax.devices("cpu")[0])
-        except RuntimeError:
-            return contextlib.nullcontext()
+        return host_loading() if self.mode == "mesh" else contextlib.nullcontext()
 
     def place(self, target: t5.T5Model, draft: t5.T5Model | None = None):
         """Puts the models where the mode wants them once, so calls do not copy them: "mesh": target split

@@ -25,17 +25,21 @@ COLLECTIVES = r"\b(all-reduce|all-gather|collective-permute|all-to-all|reduce-sc
 
 
 def _same(a, b) -> bool:
-    return all(
-        np.array_equal(getattr(a, f), getattr(b, f))
-        for f in (
-            "sequences",
-            "lengths",
-            "num_target_calls",
-            "num_draft_tokens",
-            "num_accepted",
-            "num_verified",
-            "accepted_per_position",
+    return (
+        all(
+            np.array_equal(getattr(a, f), getattr(b, f))
+            for f in (
+                "sequences",
+                "lengths",
+                "num_target_calls",
+                "num_draft_tokens",
+                "num_accepted",
+                "num_verified",
+                "accepted_per_position",
+            )
         )
+        and (a.accepted_per_branch is None) == (b.accepted_per_branch is None)
+        and (a.accepted_per_branch is None or np.array_equal(a.accepted_per_branch, b.accepted_per_branch))
     )
 
 
@@ -83,6 +87,12 @@ def main() -> dict:
                 top_k=np.tile([0, 0, 5], 5)[:13],
                 top_p=np.tile([1.0, 0.9, 1.0], 5)[:13],
             ),
+        ),
+        # Multi-draft verification: 2 branches per row, sampled, split over devices and over the mesh.
+        "speculative_multi_draft": (
+            speculative_sample,
+            (target, draft),
+            dict(rng=jax.random.PRNGKey(7), gamma=3, max_decode_length=10, temperature=1.0, eos_id=58, num_drafts=2),
         ),
     }
     for name, (fn, models, kwargs) in cases.items():

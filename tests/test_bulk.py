@@ -191,3 +191,29 @@ def test_gamma_auto_falls_back_to_the_target_alone_when_alpha_is_low(tiny_pair):
     ]
     for g, e in zip(got, expected):
         np.testing.assert_array_equal(g, e)
+
+
+def test_bench_batch_sizes_above_one_measure_the_bulk_path(mini):
+    """``specjax bench`` at a batch size > 1 measures bulk decodes (``measure_bulk_pair``): greedy, γ 3 through 4
+    slots against the target alone through the same slots; both sides' outputs equal each line decoded alone, the
+    target alone makes one target call per token, and the speculative side's counts are its lines' own."""
+    from specjax.bench import BulkPairMeasurement, measure_bulk_pair
+
+    target, draft, rows = mini
+    rows = rows[:10]
+    m = measure_bulk_pair(target, draft, rows, gamma=3, batch_size=4, temperature=0.0, max_decode_length=T)
+    assert isinstance(m, BulkPairMeasurement) and m.num_inputs == len(rows)
+    expected = _alone(target, draft, rows, 0, 0, 0.0)
+    for which in ("spec", "base"):
+        for i, (got, e) in enumerate(zip(m.sequences(which), expected)):
+            np.testing.assert_array_equal(got, e, err_msg=f"{which} line {i}")
+    assert m.output_tokens == m.base_output_tokens == sum(len(e) for e in expected)
+    base_calls = int(m.base[0].num_target_calls.sum())
+    assert base_calls == m.base_output_tokens  # the target alone: one call per token
+    spec_calls = int(m.spec[0].num_target_calls.sum())
+    assert m.tokens_per_target_call == pytest.approx(m.output_tokens / spec_calls)
+    assert 1.0 < m.tokens_per_target_call <= 4.0  # γ 3: at most γ + 1 tokens per call, and the pair agrees often
+    alpha = m.acceptance_rate
+    assert 0.0 < alpha <= 1.0
+    assert 0 < m.spec_iterations <= spec_calls
+    assert m.spec_seconds > 0 and m.base_seconds > 0

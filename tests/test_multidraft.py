@@ -381,7 +381,7 @@ def test_greedy_identity_on_newstest_with_the_shipped_pair_in_float32(data_dir):
         assert np.asarray(r.accepted_per_branch)[:, 1:].sum() > 0
 
 
-def test_decoder_passes_num_drafts_and_refuses_auto_with_several(tiny_pair):
+def test_decoder_passes_num_drafts_and_refuses_bad_values(tiny_pair):
     from specjax import Decoder
 
     target, draft = tiny_pair
@@ -391,8 +391,6 @@ def test_decoder_passes_num_drafts_and_refuses_auto_with_several(tiny_pair):
     base = temperature_sample(target, x, rng=0, max_decode_length=6, temperature=0)
     np.testing.assert_array_equal(r.sequences, base.sequences)
     assert np.asarray(r.accepted_per_branch).shape == (4, 2)
-    with pytest.raises(ValueError, match="gamma='auto' models one draft"):
-        Decoder(target, draft, gamma="auto", max_decode_length=6, num_drafts=2)
     with pytest.raises(ValueError, match=r"num_drafts must be 'auto' or an int in \[1, 4\]"):
         Decoder(target, draft, gamma=2, max_decode_length=6, num_drafts=5)
 
@@ -422,3 +420,102 @@ def test_decoder_num_drafts_auto_runs_one_draft_until_more_measure_faster(tiny_p
     auto._k_rates[(4, 2, 2)] = [0.5]
     auto(x, rng=0, temperature=0.0)
     assert auto.last_num_drafts == 1
+
+
+def _dp_iterations(length: int, alpha: float, first: float, gamma: int) -> float:
+    """Expected loop iterations for one row of ``length`` tokens when the first draft position is accepted with
+    chance ``first`` and each later one with ``alpha`` (γ ``gamma``), by dynamic programming over the tokens left
+    (an iteration emits ``min(e, left)``): a reference independent of the decoder's convolution."""
+    reach = [1.0] + [first * alpha ** (j - 1) for j in range(1, gamma + 1)]  # P(A >= j)
+    pmf = {e: reach[e - 1] - reach[e] for e in range(1, gamma + 1)} | {gamma + 1: reach[gamma]}
+    iters = [0.0] * (length + 1)
+    for n in range(1, length + 1):
+        iters[n] = 1.0 + sum(p * iters[max(n - e, 0)] for e, p in pmf.items())
+    return iters[length]
+
+
+@pytest.mark.parametrize("machine", ["cpu-like", "tpu-like"])
+def test_decoder_chooses_gamma_and_num_drafts_jointly_from_costs(tiny_pair, machine):
+    """gamma="auto" with num_drafts="auto": the choice is the (γ, k) maximising tokens / (encode + iterations ·
+    iteration(γ, k)) over injected costs (no timing), the iterations with the first position's acceptance α · lift_k
+    (the lift measured between k drafts and one; here injected) computed independently (``_dp_iterations``; one
+    row of 20 tokens, the decoder's prior). A CPU-like machine, where a k-branch window and the draft's k rows
+    cost k times one chain's, keeps k = 1; a TPU-like one, where the window costs about the same, takes k = 4.
+    Before any k > 1 has run (no lift measured) k = 1 is chosen on both."""
+    from specjax.decoder import Costs, Decoder, _Running, expected_tokens, expected_tokens_multi
+
+    target, draft = tiny_pair
+    window = [0.010, 0.012, 0.013, 0.015, 0.018, 0.020, 0.024, 0.027, 0.030]  # seconds, chain window of γ + 1
+    draft_step, encode = 0.0015, 0.002
+    scale = (lambda k: float(k)) if machine == "cpu-like" else (lambda k: 1.0 + 0.02 * k)
+    branch = {k: ((0.0,) + tuple(w * scale(k) for w in window[1:]), draft_step * scale(k)) for k in (2, 4)}
+    costs = Costs(tuple(window), (0.0,) + (draft_step,) * 8, (encode,) * 9, branch)
+    alpha = 0.6
+    kwargs = dict(gamma="auto", num_drafts="auto", max_decode_length=40, alpha_prior=alpha, cost_cache=False)
+    decoder = Decoder(target, draft, costs={1: costs}, **kwargs)
+    x = np.ones((1, 5), np.int32)
+    assert decoder.choose(x, 0.0).num_drafts == 1  # nothing measured for k > 1: no lift assumed
+    lifts = {1: 0.40, 2: 0.56, 4: 0.72}  # the first position's accepted iterations / iterations, by k
+    for k, value in lifts.items():
+        decoder._first[(k, "greedy")] = _Running(value, 100.0)
+    choice = decoder.choose(x, 0.0)
+
+    def reference(g, k):
+        if g == 0:
+            return 20 / (encode + 20 * window[0])
+        first = min(1.0, alpha * lifts[k] / lifts[1])
+        return 20 / (encode + _dp_iterations(20, alpha, first, g) * costs.iteration(g, k))
+
+    expected = {(g, 1): reference(g, 1) for g in range(9)} | {
+        (g, k): reference(g, k) for g in range(1, 9) for k in (2, 4)
+    }
+    got = {(g, 1): v for g, v in choice.predicted.items()} | choice.predicted_drafts
+    assert set(got) == set(expected)
+    for key in expected:
+        assert got[key] == pytest.approx(expected[key], rel=1e-9), key
+    best = max(expected, key=expected.get)
+    assert (choice.gamma, choice.num_drafts) == best
+    for g in range(1, 9):  # tokens per iteration: the paper's at first = α; 1 + first · (1 + α + … + α^(γ−1))
+        assert expected_tokens_multi(alpha, alpha, g) == pytest.approx(expected_tokens(alpha, g), rel=1e-12)
+        assert expected_tokens_multi(alpha, 0.9, g) == pytest.approx(1 + 0.9 * sum(alpha**j for j in range(g)))
+    assert best[1] == (1 if machine == "cpu-like" else 4), best
+    if best[1] > 1:
+        assert f"with {best[1]} drafts" in choice.reason
+    # A fixed k > 1 with γ auto: that k's windows or the target alone.
+    fixed = Decoder(target, draft, costs={1: costs}, **(kwargs | dict(num_drafts=2)))
+    fixed._first = decoder._first
+    pick = fixed.choose(x, 0.0)
+    assert set(pick.predicted) == {0} and {k for _, k in pick.predicted_drafts} == {2}
+    assert pick.num_drafts == (2 if pick.gamma > 0 else 1)
+
+
+def test_decoder_joint_choice_explores_an_unmeasured_num_drafts_and_runs_it(tiny_pair, monkeypatch):
+    """gamma="auto", num_drafts="auto", costs injected where one draft wins: after ``EXPLORE_EVERY`` calls a k > 1
+    never run is explored (and rerun once, its first call having compiled); every call equals the target's greedy
+    output, and the k > 1 calls teach the first position's acceptance for that k."""
+    from specjax import Decoder, decoder
+    from specjax.decoder import Costs
+
+    monkeypatch.setattr(decoder, "EXPLORE_EVERY", 2)
+    target, draft = tiny_pair
+    x = _inputs(np.random.default_rng(3), 4, 5, 6)
+    base = temperature_sample(target, x, rng=0, max_decode_length=6, temperature=0)
+    branch = {k: ((0.0,) + (0.02 * k,) * 2, 0.002 * k) for k in (2, 4)}
+    costs = Costs((0.01, 0.02, 0.02), (0.0, 0.002, 0.002), (0.0,) * 3, branch)
+    auto = Decoder(
+        target,
+        draft,
+        gamma="auto",
+        num_drafts="auto",
+        max_decode_length=6,
+        candidates=(1, 2),
+        cost_cache=False,
+        costs={4: costs},
+    )
+    ran = []
+    for _ in range(5):
+        r = auto(x, rng=0, temperature=0.0)
+        np.testing.assert_array_equal(r.sequences, base.sequences)
+        ran.append(auto.last_num_drafts)
+    assert ran[:2] == [1, 1] and ran[2] > 1 and ran[3] == ran[2], (ran, auto.last_choice.describe())
+    assert (ran[2], "greedy") in auto._first

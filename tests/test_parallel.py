@@ -45,7 +45,9 @@ def test_eight_devices_and_mesh_shape(eight_devices):
     assert eight_devices["mesh_shape"] == {"data": 2, "model": 4}
 
 
-@pytest.mark.parametrize("case", ["greedy", "sampled", "speculative_sampled", "speculative_mixed"])
+@pytest.mark.parametrize(
+    "case", ["greedy", "sampled", "speculative_sampled", "speculative_mixed", "speculative_multi_draft"]
+)
 def test_identical_to_one_device(eight_devices, case):
     r = eight_devices[case]
     assert r["data_parallel_equal"], f"{case}: data parallel over 8 devices differs from one device"
@@ -79,9 +81,10 @@ def test_pmap_over_the_core_equals_one_device(eight_devices):
 
 def test_no_recompilation_for_same_shapes(eight_devices):
     before, after = eight_devices["compiled_programs"]
-    # (temperature_sample, speculative_sample) x (data parallel, mesh): sampling values are traced arrays,
-    # so greedy and sampled calls (and mixed per-row settings) share one program.
-    assert before == 4
+    # (temperature_sample, speculative_sample, speculative_sample with num_drafts=2 (static)) x (data parallel,
+    # mesh): sampling values are traced arrays, so greedy and sampled calls (and mixed per-row settings) share one
+    # program.
+    assert before == 6
     assert after == before
 
 

@@ -4,6 +4,8 @@ it too); greedy speculative output equals the target alone on real newstest2014 
 in a user's ``jax.jit`` leaves nothing traced behind.
 
 References: numpy (sums), the one-token step itself (logits), ``temperature_sample`` (greedy output).
+Multi-draft branch windows (``num_drafts`` > 1) are held to the same: their logits against the steps', their
+greedy output against the target alone's.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import pytest
 
 import specjax
 from specjax import hardware
-from specjax.bench.invariance import window_step_mismatch
+from specjax.bench.invariance import branch_step_mismatch, window_step_mismatch
 from specjax.config import T5Config
 from specjax.decoding import PromptLookupDraft, speculative_sample, temperature_sample
 from specjax.models.t5 import T5Model, fixed_order_softmax, fixed_order_sum
@@ -66,16 +68,31 @@ def small_target(request):
     return target, draft, tok
 
 
-@pytest.mark.parametrize("batch,gamma", [(1, 4), (1, 8), (3, 5)])
+@pytest.mark.parametrize("batch,gamma", [(1, 4), (1, 8), (3, 5), (8, 3)])
 def test_window_logits_equal_step_logits_bit_for_bit(small_target, batch, gamma):
     """The target's logits from speculative windows (ragged accepted counts, a cache of T + γ + 1 slots) against
-    the target alone's steps (a cache of T + 1 slots), each compiled as its loop is (``window_step_mismatch``).
+    the target alone's steps (a cache of T + 1 slots), each compiled as its loop is (``window_step_mismatch``:
+    from batch 2 the step feeds one token with two attention query rows, ``baseline.decode_step``).
     (A float32 window of 40 or more rows beside a step of fewer is a stated limit: docs/performance.md.)"""
+    target, _, tok = small_target
+    lines = ["A man is riding a bicycle down the street.", "Two dogs play in the snow.", "The children sit."]
+    x = np.asarray(tok.encode_batch([lines[i % len(lines)] for i in range(batch)]))
+    x = np.pad(x, ((0, 0), (0, 32 - x.shape[1])))
+    got = window_step_mismatch(target, x, gamma, max_decode_length=16, seed=gamma)
+    assert got["total"] == batch * 16 * 8000
+    assert got["differ"] == 0, f"{target.config.dtype}: {got}"
+
+
+@pytest.mark.parametrize("batch,gamma,num_drafts", [(1, 5, 4), (3, 3, 2)])
+def test_branch_window_logits_equal_step_logits_bit_for_bit(small_target, batch, gamma, num_drafts):
+    """Multi-draft: the kept branch of a ``decode_branches`` window (``num_drafts`` branches, the true tokens in a
+    random one, the others random) against the target alone's steps, bit for bit (``branch_step_mismatch``): each
+    branch attends over its own copy of the committed cache with its window written in, as a chain window does."""
     target, _, tok = small_target
     lines = ["A man is riding a bicycle down the street.", "Two dogs play in the snow.", "The children sit."]
     x = np.asarray(tok.encode_batch(lines[:batch]))
     x = np.pad(x, ((0, 0), (0, 32 - x.shape[1])))
-    got = window_step_mismatch(target, x, gamma, max_decode_length=16, seed=gamma)
+    got = branch_step_mismatch(target, x, gamma, num_drafts, max_decode_length=16, seed=gamma)
     assert got["total"] == batch * 16 * 8000
     assert got["differ"] == 0, f"{target.config.dtype}: {got}"
 
@@ -107,6 +124,36 @@ def test_greedy_speculative_equals_target_alone_on_newstest(small_target, data_d
             if not (np.array_equal(spec.sequences, base.sequences) and np.array_equal(spec.lengths, base.lengths)):
                 differ[name].append(i)
     assert all(not v for v in differ.values()), f"{target.config.dtype}: lines that differ {differ}"
+
+
+def test_greedy_multi_draft_equals_target_alone_on_newstest(small_target, data_dir):
+    """num_drafts = 2 (token rule) and 4 (block rule), the model draft, γ 3: the first 4 newstest2014 lines, each
+    alone (batch 1), 32 tokens, equal the target alone's greedy output token for token on this dtype path, and
+    some iteration keeps a branch other than the draft's first choice."""
+    target, draft, tok = small_target
+    lines = (data_dir / "wmt" / "newstest2014.en").read_text().splitlines()[:4]
+    differ, later = [], 0
+    for i, line in enumerate(lines):
+        ids = tok.encode(line)[:31]
+        x = np.asarray([ids + [0] * (32 - len(ids))], np.int32)
+        base = temperature_sample(target, x, rng=0, max_decode_length=32, temperature=0.0)
+        for k, verification in ((2, "token"), (4, "block")):
+            spec = speculative_sample(
+                target,
+                draft,
+                x,
+                rng=0,
+                gamma=3,
+                max_decode_length=32,
+                temperature=0.0,
+                num_drafts=k,
+                verification=verification,
+            )
+            later += int(np.asarray(spec.accepted_per_branch)[:, 1:].sum())
+            if not (np.array_equal(spec.sequences, base.sequences) and np.array_equal(spec.lengths, base.lengths)):
+                differ.append((i, k))
+    assert not differ, f"{target.config.dtype}: (line, num_drafts) that differ {differ}"
+    assert later > 0
 
 
 def test_default_dtype_path_is_what_this_cpu_gets():

@@ -5,6 +5,7 @@ Each concern lives in its own module:
   theory.py      the paper's formulas (Leviathan et al. 2023, §3.1, Theorem 3.8); α from tokens per call
   inputs.py      text files -> token ids -> fixed-shape batches; the Multi30k test set's path
   timing.py      speculative_sample vs temperature_sample on the same inputs, alternating (measure_pair);
+                 bulk decodes through slots at γ vs the target alone, whole passes (measure_bulk_pair);
                  the cost ratio c (measure_cost_ratio, measure_costs)
   experiment.py  Table-2 style rows from configs/*.json (BenchRow, load_experiment), run_row, BLEU/ROUGE;
                  drafting variants per row: token / block verification, confidence threshold, prompt lookup
@@ -21,7 +22,16 @@ from specjax.bench.experiment import PROMPT_LOOKUP, VERIFICATIONS, BenchRow, loa
 from specjax.bench.inputs import MULTI30K_TEST, encode_inputs, pad_batches, read_lines
 from specjax.bench.report import CSV_COLUMNS, TABLE_COLUMNS, VARIANT_COLUMNS, format_markdown, plot_records, write_csv
 from specjax.bench.theory import alpha_from_tokens_per_call, expected_improvement, expected_tokens_per_call
-from specjax.bench.timing import PairMeasurement, environment, finish, measure_cost_ratio, measure_costs, measure_pair
+from specjax.bench.timing import (
+    BulkPairMeasurement,
+    PairMeasurement,
+    environment,
+    finish,
+    measure_bulk_pair,
+    measure_cost_ratio,
+    measure_costs,
+    measure_pair,
+)
 
 __all__ = [
     "expected_tokens_per_call",
@@ -35,6 +45,8 @@ __all__ = [
     "finish",
     "PairMeasurement",
     "measure_pair",
+    "BulkPairMeasurement",
+    "measure_bulk_pair",
     "measure_cost_ratio",
     "measure_costs",
     "PROMPT_LOOKUP",

@@ -3,8 +3,10 @@
 A row is a task (inputs, references, metric), a target/draft pair and a temperature (Leviathan et al. 2023,
 Table 2 layout), plus the drafting variants to sweep: verification ("token" / "block"), the draft confidence
 threshold, or prompt-lookup drafting in place of a draft model (``draft == PROMPT_LOOKUP``). ``run_row``
-measures it with ``timing.measure_pair`` and ``timing.measure_costs`` and puts the paper's theory
-(``theory``) beside the measurement, one record (a dict) per (batch size, verification, threshold, γ).
+measures it with ``timing.measure_pair`` (batch 1: the paper's setting, one call per input) or
+``timing.measure_bulk_pair`` (batch size > 1: ``specjax generate``'s bulk path, slots refilled as lines finish)
+and ``timing.measure_costs``, and puts the paper's theory (``theory``) beside the measurement, one record (a dict)
+per (batch size, verification, threshold, γ).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import numpy as np
 
 from specjax.bench.inputs import encode_inputs, pad_batches, read_lines
 from specjax.bench.theory import alpha_from_tokens_per_call, expected_improvement, expected_tokens_per_call
-from specjax.bench.timing import environment, measure_costs, measure_pair
+from specjax.bench.timing import environment, measure_bulk_pair, measure_costs, measure_pair
 
 __all__ = ["PROMPT_LOOKUP", "VERIFICATIONS", "BenchRow", "load_experiment", "quality", "run_row"]
 
@@ -244,7 +246,9 @@ def run_row(
 ) -> list[dict]:
     """Measures one ``BenchRow`` at each batch size, verification, confidence threshold and γ: one record each.
 
-    Both methods run on the same inputs in the same process, alternating (``measure_pair``); c is measured
+    Both methods run on the same inputs in the same process, alternating: at batch 1 call by call
+    (``measure_pair``), at a batch size > 1 as bulk decodes through that many slots, whole passes alternating
+    (``measure_bulk_pair``: the target alone through the same slots is the baseline); c is measured
     at each batch size (``measure_costs``); the theory takes the paper's α as measured inside the loop
     (``DecodeResult.acceptance_rate``, the mean of β over verified positions), or, for results without it,
     α inverted from tokens per target call (``alpha_source`` says which).
@@ -291,14 +295,10 @@ def run_row(
         batches = pad_batches(ids, batch_size=bs, pad_id=target.config.pad_id)
         costs = measure_costs(target, draft_model, batches[0], row.gammas, steps=cost_steps)
         for verification, threshold, gamma in variants:
-            m = measure_pair(
-                target,
-                draft,
-                batches,
+            common = dict(
                 gamma=gamma,
                 temperature=row.temperature,
                 max_decode_length=row.max_decode_length,
-                num_inputs=len(ids),
                 seed=seed,
                 repeats=repeats,
                 max_input_length=row.max_input_length,
@@ -307,6 +307,10 @@ def run_row(
                 draft_confidence_threshold=threshold,
                 on_batch=on_batch,
             )
+            if bs > 1:  # what a file gets: slots refilled as lines finish (specjax generate's bulk path)
+                m = measure_bulk_pair(target, draft, ids, batch_size=bs, **common)
+            else:
+                m = measure_pair(target, draft, batches, num_inputs=len(ids), **common)
             c = costs["c"]
             alpha_tokens = alpha_from_tokens_per_call(m.tokens_per_target_call, gamma)
             alpha_loop = m.acceptance_rate
@@ -368,26 +372,27 @@ def run_row(
                     rec[f"quality_{which}"] = quality(hyps, refs, row.metric)
             records.append(rec)
         if auto and draft_model is not None:
-            records.append(_auto_record(target, draft, batches, row, bs, len(ids), seed, repeats, on_batch, env))
+            records.append(_auto_record(target, draft, batches, ids, row, bs, seed, repeats, on_batch, env))
     return records
 
 
-def _auto_record(target, draft, batches, row: BenchRow, bs: int, n: int, seed: int, repeats: int, on_batch, env):
+def _auto_record(target, draft, batches, ids, row: BenchRow, bs: int, seed: int, repeats: int, on_batch, env):
     """One ``run_row`` record for ``gamma="auto"`` (see ``run_row``)."""
-    m = measure_pair(
-        target,
-        draft,
-        batches,
+    n = len(ids)
+    common = dict(
         gamma="auto",
         temperature=row.temperature,
         max_decode_length=row.max_decode_length,
-        num_inputs=n,
         seed=seed,
         repeats=repeats,
         max_input_length=row.max_input_length,
         truncate=True,
         on_batch=on_batch,
     )
+    if bs > 1:  # slots refilled as lines finish, γ chosen per run of the slot loop
+        m = measure_bulk_pair(target, draft, ids, batch_size=bs, **common)
+    else:
+        m = measure_pair(target, draft, batches, num_inputs=n, **common)
     speculative = any(g > 0 for g in m.gammas)
     return {
         "task": row.task,

@@ -17,7 +17,16 @@ import numpy as np
 
 from specjax.decoding.xla_cpu import TunedJit
 
-__all__ = ["environment", "finish", "PairMeasurement", "measure_pair", "measure_cost_ratio", "measure_costs"]
+__all__ = [
+    "environment",
+    "finish",
+    "PairMeasurement",
+    "BulkPairMeasurement",
+    "measure_pair",
+    "measure_bulk_pair",
+    "measure_cost_ratio",
+    "measure_costs",
+]
 
 
 def environment() -> dict:
@@ -335,6 +344,166 @@ def measure_pair(
         calibration,
         warmup,
         first_gamma,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class BulkRows:
+    """Lines of a bulk decode (``specjax.bulk.LineResult``, in input order) as one batch of ``DecodeResult``-like
+    fields, so ``PairMeasurement``'s properties read them as they read a batch.
+
+    Attributes:
+      sequences: int32[n, T] output tokens, each line padded with 0 after its length. lengths: int32[n].
+      num_target_calls, num_draft_tokens, num_accepted, num_verified: int32[n]. beta_sum: float32[n].
+    """
+
+    sequences: np.ndarray
+    lengths: np.ndarray
+    num_target_calls: np.ndarray
+    num_draft_tokens: np.ndarray
+    num_accepted: np.ndarray
+    beta_sum: np.ndarray
+    num_verified: np.ndarray
+
+    @classmethod
+    def of(cls, lines: Sequence, max_decode_length: int) -> "BulkRows":
+        """From ``LineResult`` s (``max_decode_length``: the width of ``sequences``)."""
+        seqs = np.zeros((len(lines), max_decode_length), np.int32)
+        for j, r in enumerate(lines):
+            seqs[j, : len(r.tokens)] = r.tokens
+
+        def col(name, dtype=np.int32):
+            return np.array([getattr(r, name) for r in lines], dtype)
+
+        return cls(
+            seqs,
+            np.array([len(r.tokens) for r in lines], np.int32),
+            col("num_target_calls"),
+            col("num_draft_tokens"),
+            col("num_accepted"),
+            col("beta_sum", np.float32),
+            col("num_verified"),
+        )
+
+
+@dataclasses.dataclass
+class BulkPairMeasurement(PairMeasurement):
+    """``PairMeasurement`` of two bulk decodes (``measure_bulk_pair``): ``spec`` and ``base`` each hold one
+    ``BulkRows`` (every line, input order); ``gammas`` is the γ of each run of the slot loop (γ auto).
+
+    Attributes (beyond ``PairMeasurement``'s):
+      loop_iterations: iterations of the speculative side's slot loop (one pass): each is one target call of
+        every busy slot. base_loop_iterations: the same for the target alone.
+    """
+
+    loop_iterations: int = 0
+    base_loop_iterations: int = 0
+
+    @property
+    def spec_iterations(self) -> int:
+        """Slot-loop iterations of the speculative side (one pass)."""
+        return self.loop_iterations
+
+
+def measure_bulk_pair(
+    target,
+    draft,
+    inputs: Sequence[Sequence[int]],
+    *,
+    gamma: int | str,
+    batch_size: int,
+    temperature: float,
+    max_decode_length: int,
+    seed: int = 0,
+    repeats: int = 1,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    max_input_length: int = 512,
+    truncate: bool = False,
+    verification: str = "token",
+    draft_confidence_threshold: float | None = None,
+    on_batch: Callable[[], None] | None = None,
+) -> BulkPairMeasurement:
+    """Bulk decoding (``specjax.bulk.BulkDecoder``: ``batch_size`` slots refilled as lines finish, inputs sorted by
+    length) at ``gamma`` against the target alone through the same slots, on the same inputs, whole passes
+    alternating: the path ``specjax generate`` runs, so a batch size > 1 in ``specjax bench`` measures what a file
+    or a test set gets.
+
+    Each side first makes one untimed pass over every input (it compiles the slot programs every group size and
+    encoder width needs, and teaches γ auto α); then ``repeats`` timed passes, alternating which side goes first.
+
+    Args:
+      target, draft: as ``BulkDecoder`` (a draft model or source; γ 0 needs none).
+      inputs: token id rows (EOS-terminated, as the tokenizer makes them), any lengths.
+      gamma: an int >= 1, 0 or "auto" (``BulkDecoder``'s). batch_size: slots.
+      temperature, top_k, top_p, max_decode_length, max_input_length, truncate, verification,
+        draft_confidence_threshold: as ``BulkDecoder`` / ``BulkDecoder.generate`` (both sides, but verification
+        and the threshold only matter to the speculative one).
+      seed: line ``i`` samples with ``fold_in(PRNGKey(seed), i)`` on both sides.
+      repeats: timed passes over all inputs; seconds are summed, results kept from the last pass.
+      on_batch: called once per ``batch_size`` lines of each timed speculative pass (progress bars count
+        ``ceil(n / batch_size)`` per pass).
+    Returns:
+      ``BulkPairMeasurement`` (``spec_compile_seconds`` / ``base_compile_seconds``: the untimed first pass of each,
+      compiles and run together, seconds).
+    Raises:
+      ValueError: as ``BulkDecoder`` and ``BulkDecoder.generate`` (γ, batch size, an empty or too long input).
+    """
+    from specjax.bulk import BulkDecoder
+
+    common = dict(
+        batch_size=batch_size,
+        max_decode_length=max_decode_length,
+        max_input_length=max_input_length,
+        truncate=truncate,
+    )
+    spec_dec = BulkDecoder(
+        target,
+        draft,
+        gamma=gamma,
+        verification=verification,
+        draft_confidence_threshold=draft_confidence_threshold,
+        **common,
+    )
+    base_dec = BulkDecoder(target, None, gamma=0, **common)
+    sampling = dict(rng=seed, temperature=temperature, top_k=top_k, top_p=top_p)
+    rows = [np.asarray(x) for x in inputs]
+
+    def one_pass(decoder, count: bool):
+        out = []
+        t0 = time.perf_counter()
+        for r in decoder.generate(rows, **sampling):
+            out.append(r)
+            if count and on_batch is not None and (len(out) % batch_size == 0 or len(out) == len(rows)):
+                on_batch()
+        return time.perf_counter() - t0, out, decoder.stats
+
+    spec_compile, _, _ = one_pass(spec_dec, False)
+    base_compile, _, _ = one_pass(base_dec, False)
+    spec_s = base_s = 0.0
+    spec_out = base_out = []
+    spec_stats = base_stats = None
+    for rep in range(repeats):
+        for which in ("spec", "base") if rep % 2 == 0 else ("base", "spec"):
+            if which == "spec":
+                dt, spec_out, spec_stats = one_pass(spec_dec, True)
+                spec_s += dt
+            else:
+                dt, base_out, base_stats = one_pass(base_dec, False)
+                base_s += dt
+    gammas = [g for g, runs in sorted(spec_stats.gammas.items()) for _ in range(runs)] if gamma == "auto" else None
+    return BulkPairMeasurement(
+        spec_s,
+        base_s,
+        spec_compile,
+        base_compile,
+        [BulkRows.of(spec_out, max_decode_length)],
+        [BulkRows.of(base_out, max_decode_length)],
+        len(rows),
+        gammas,
+        spec_dec.decoder,
+        loop_iterations=spec_stats.iterations,
+        base_loop_iterations=base_stats.iterations,
     )
 
 

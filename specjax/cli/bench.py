@@ -77,7 +77,14 @@ def add_parser(sub) -> None:
         "--gammas", type=int, nargs="+", help="γ values (default: each row's; without --config 1 2 3 4 5)"
     )
     sweep.add_argument("--temperatures", type=float, nargs="+", help="temperatures (default: each row's; else 0 1)")
-    sweep.add_argument("--batch-sizes", type=int, nargs="+", default=[1], help="batch sizes (default 1)")
+    sweep.add_argument(
+        "--batch-sizes",
+        type=int,
+        nargs="+",
+        default=[1],
+        help="batch sizes (default 1: one call per input, the paper's setting); above 1, bulk decoding through that "
+        "many slots refilled as lines finish, against the target alone through the same slots (as specjax generate)",
+    )
     sweep.add_argument(
         "--verification",
         nargs="+",

@@ -6,11 +6,13 @@ Example::
         --input inputs.en --output outputs.de --gamma 5 --temperature 0 \\
         --prefix "translate English to German: " --compare-baseline
 
-Each output line is the decode of the input line with the same number (after ``--prefix``). Output is
-flushed after every batch; running the same command again resumes after the lines already in ``--output``.
-Batches have a fixed size (the last one is padded with copies of its first row, with that row's key, which are
-dropped) and inputs are padded to a power-of-2 length, so a few compiled programs serve the whole file. Row ``i``
-of the file samples with ``fold_in(PRNGKey(seed), i)``, so outputs do not depend on ``--batch-size`` or on resuming.
+Each output line is the decode of the input line with the same number (after ``--prefix``). The lines go through
+the bulk decoder (``specjax.bulk``: ``--batch-size`` decode slots, refilled as rows end, inputs sorted by length
+in a read-ahead window); each output line is flushed as soon as it and every earlier line are done, so running the
+same command again resumes after the lines already in ``--output``. Line ``i`` of the file samples with
+``fold_in(PRNGKey(seed), i)``, so outputs do not depend on ``--batch-size``, the devices or on resuming.
+``--data-parallel`` / ``--mesh data:N,model:M`` split the slots over "data" and the target's weights over "model"
+(``specjax.parallel``); on several processes each decodes its share of the lines and process 0 writes them all.
 """
 
 from __future__ import annotations
@@ -73,13 +75,13 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--data-parallel",
         action="store_true",
-        help="split each batch over all devices, one decode loop per device (weights replicated)",
+        help="split the decode slots over all devices (weights replicated): --mesh data:<devices>,model:1",
     )
     p.add_argument(
         "--mesh",
         metavar="data:N,model:M",
-        help="one program over a device mesh: batch over 'data', the target's weights split over "
-        "'model' (for targets larger than one device, e.g. T5-XXL); N*M = device count",
+        help="decode slots split over 'data' (--batch-size a multiple of N), the target's weights over 'model' "
+        "(for targets larger than one device, e.g. T5-XXL); N*M = this process's device count",
     )
     seqio = p.add_argument_group("seqio (pip install 'specjax[seqio]')")
     seqio.add_argument(
@@ -175,10 +177,10 @@ def _validate(args):
     )
     validate_sampling(args.temperature, args.top_k, args.top_p)
     auto = args.gamma == "auto" or args.gamma == 0
-    if auto and (args.data_parallel or args.mesh):
+    if args.gamma == "auto" and (args.data_parallel or args.mesh):
         raise ValueError(
-            f"--gamma {args.gamma} runs on one device (specjax.Decoder); with --data-parallel / --mesh give an int "
-            "gamma >= 1."
+            "--gamma auto measures its costs on one device (specjax.Decoder); with --data-parallel / --mesh give an "
+            "int gamma (0: the target alone)."
         )
     for name in ("batch_size", "max_decode_length", "max_input_length") + (() if auto else ("gamma",)):
         if getattr(args, name) < 1:
@@ -216,38 +218,48 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(
             f"{'stdin' if args.input == '-' else args.input} has no lines; nothing to decode (one input per line)."
         )
-    done = lines_done(args.output)
+    import contextlib
+
+    from specjax import parallel
+
+    mesh = None
+    if args.data_parallel or args.mesh:  # before anything touches a device
+        parallel.maybe_initialize_distributed()  # a no-op on one process
+        mesh = parallel.process_mesh(args.data_parallel, args.mesh)
+    writer = parallel.is_process_zero()  # several processes: process 0 writes every line
+    done = parallel.value_of_process_zero(lines_done(args.output) if writer else 0)
     report = sys.stderr  # statistics and progress; the outputs go to --output (stdout for -)
     if done >= len(lines):
         print(f"{args.output}: all {len(lines)} lines already written; nothing to do.", file=report)
         return 0
-    if args.data_parallel or args.mesh:  # one static batch at a time over a device mesh
-        from specjax.cli import _mesh_generate
-
-        return _mesh_generate.run(args, lines, done, _load)
 
     from specjax.bulk import BulkDecoder
     from specjax.cli import draft_source, speculative_kwargs
 
     spec_kwargs = speculative_kwargs(args)
-    target, draft, tokenizer = _load(args)
+    with parallel.host_loading() if mesh is not None else contextlib.nullcontext():  # a mesh places the slices
+        target, draft, tokenizer = _load(args)
     draft = draft_source(args, draft)
     rows = encode_lines(tokenizer, lines[done:], args.prefix, args.max_input_length, args.truncate, first=done)
+    groups = 1 if mesh is None else mesh.shape[parallel.DATA]  # slots come in multiples of the data size
     settings = dict(
-        batch_size=min(args.batch_size, len(rows)),  # a short file is not padded to --batch-size slots
+        batch_size=min(args.batch_size, -(-len(rows) // groups) * groups),  # a short file: fewer slots
         max_decode_length=args.max_decode_length,
         eos_id=tokenizer.eos_id,
         max_input_length=args.max_input_length,
+        mesh=mesh,
     )
     sampling = dict(rng=args.seed, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, start_index=done)
     bulk = BulkDecoder(target, draft, gamma=args.gamma, **spec_kwargs, **settings)
-    out, dropped = OutputLines(args.output), [0]  # the file is created with its first line
+    out, dropped = OutputLines(args.output) if writer else None, [0]  # the file is created with its first line
     try:
         progress = dict(total=len(lines), initial=done)
         for r in bulk.generate(rows, progress=progress, **sampling):
-            out.write([output_text(tokenizer, r.tokens, dropped)])  # flushed: a rerun resumes after it
+            if out is not None:
+                out.write([output_text(tokenizer, r.tokens, dropped)])  # flushed: a rerun resumes after it
     finally:
-        out.close()
+        if out is not None:
+            out.close()
     s = bulk.stats
     if args.verbose:
         for reason in s.reasons:
@@ -255,8 +267,11 @@ def run(args: argparse.Namespace) -> int:
     gammas = ", ".join(f"γ {g}: {n}" for g, n in sorted(s.gammas.items()))
     fraction = s.accepted / s.drafted if s.drafted else float("nan")
     per_call = s.tokens / s.target_calls if s.target_calls else float("nan")
+    import jax
+
+    share = "" if jax.process_count() == 1 else f" (this process's share of {len(rows)} lines)"
     print(
-        f"lines {s.lines}, tokens {s.tokens}, gamma {args.gamma} (runs by γ: {gammas}), temperature "
+        f"lines {s.lines}{share}, tokens {s.tokens}, gamma {args.gamma} (runs by γ: {gammas}), temperature "
         f"{args.temperature}, {settings['batch_size']} slots",
         file=report,
     )
@@ -267,7 +282,7 @@ def run(args: argparse.Namespace) -> int:
         file=report,
     )
     if args.compare_baseline:
-        base = BulkDecoder(target, None, gamma=0, **settings)
+        base = BulkDecoder((bulk.target_fns, bulk.target_params), None, gamma=0, **settings)  # params placed once
         for _ in base.generate(rows, **sampling):
             pass
         b = base.stats

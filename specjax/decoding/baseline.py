@@ -17,7 +17,7 @@ from specjax.decoding.result import Counters, DecodeResult
 from specjax.decoding.xla_cpu import TunedJit
 from specjax.sampling import SamplingParams, argmax, sample_rows
 
-__all__ = ["temperature_sample", "lower_temperature_sample", "STEP_WINDOW"]
+__all__ = ["temperature_sample", "lower_temperature_sample", "STEP_WINDOW", "decode_step"]
 
 
 STEP_WINDOW = 2
@@ -29,8 +29,29 @@ a speculative verification window always has ``γ + 1 >= 2`` rows. Fed two token
 alone takes the window's numeric path, so its logits at a position are the window's bit for bit and greedy
 speculative output equals this loop's token for token, on every dtype path. The filler's keys/values land in
 the slot after the step's own (``target_cache_length(T)`` slots: in range), which the next step overwrites
-before any query reads it; its logits are dropped. The cost is one more row per dot (at batch 1 the step reads
-the same weights; ``docs/performance.md``, "Window invariance", has the measured cost)."""
+before any query reads it; its logits are dropped. At batch 1 the cost is one more row per dot (the step reads
+the same weights; ``docs/performance.md``, "Window invariance", has the measured cost). From batch 2 on the dense
+dots have two or more rows anyway, so ``decode_step`` feeds the one token and only the attentions run
+``STEP_WINDOW`` query rows (``t5.decode``'s ``query_rows``): the same logits at half the dense work."""
+
+
+def decode_step(model: DecodingModel, params, encoded, token_b1, cache, positions):
+    """One step of the target alone on the windows' numeric path (``STEP_WINDOW``): token int32[b, 1] at
+    int32[b] -> (float32 logits [b, v] of the token, cache with its keys/values written at ``positions``).
+
+    Batch 1, or a model whose ``decode`` has no ``query_rows``: the token and a filler copy are fed (a 2-token
+    window; the filler's logits dropped, its cache slot overwritten by the next step). Batch >= 2 with
+    ``query_rows``: the token alone through the projections, the MLP and the logits ([b, d] dots: b >= 2 rows),
+    and ``STEP_WINDOW`` query rows in the attentions: bit for bit the same logits
+    (``tests/test_window_invariance.py``) at about half the work of the filler.
+    """
+    b = token_b1.shape[0]
+    if b >= 2 and getattr(model, "query_rows", False):
+        logits, cache = model.decode(params, encoded, token_b1, cache, positions, query_rows=STEP_WINDOW)
+    else:
+        tokens = jnp.tile(token_b1, (1, STEP_WINDOW))  # [b, 2]: the input and a filler
+        logits, cache = model.decode(params, encoded, tokens, cache, positions)
+    return logits[:, 0], cache
 
 
 class BaselineState(NamedTuple):
@@ -80,11 +101,10 @@ def _baseline_loop(
         positions = jnp.full((b,), i, jnp.int32)
         with jax.named_scope("step"):
             token_b1 = decoder_input_at(state.sequences, positions, pad_id)[:, None]
-            tokens = jnp.tile(token_b1, (1, STEP_WINDOW))  # [b, 2]: the input and a filler (STEP_WINDOW)
-            logits, cache = model.decode(params, encoded, tokens, state.cache, positions)
+            logits, cache = decode_step(model, params, encoded, token_b1, state.cache, positions)
         with jax.named_scope("sample"):
             next_keys, sample_keys = split_rows(state.keys, 2)
-            token = sample_next(sample_keys, logits[:, 0], sampling)
+            token = sample_next(sample_keys, logits, sampling)
             active = ~state.done
             sequences = state.sequences.at[:, i].set(jnp.where(active, token, state.sequences[:, i]))
             done = state.done | (active & (token == config.eos_id)) | (i + 1 >= T)

@@ -16,8 +16,8 @@ One iteration, per row (``speculative_sample(..., num_drafts=k)``):
           after step 1 is copied ``k`` times (``fork_rows``: the branches are extra batch rows of the draft; it
           costs one copy of the draft's cache per iteration and the draft's steps run on ``b · k`` rows).
   Step 3  verify: the target scores the ``k`` windows ``[d[n], x^j_1..x^j_g]`` in one call
-          (``decode_branches``): ``k · w`` query rows over the row's committed cache and one encoder memory,
-          a tree mask so each branch sees only its own tokens.
+          (``decode_branches``): ``k · w`` query rows and one encoder memory; each branch's self-attention reads
+          its own copy of the committed cache with its window written in, as a chain window would.
   Step 4  accept, branch point: recursive rejection sampling without replacement (SpecInfer's multi-step
           speculative sampling, Miao et al. 2024 §4; Jeon et al. 2024, "Recursive Speculative Decoding", §3,
           RRS without replacement): with ``q^(1) = q_1`` (the target at the branch point), for ``j = 1..k``
@@ -42,9 +42,9 @@ from there, exact by Leviathan et al. 2023 (token) or Sun et al. 2025, Theorem 1
 rule by exact enumeration and the whole decode by chi-square against the target's exact sequence distribution.
 
 At temperature 0 (one-hot ``p^(j)`` at each candidate, one-hot ``q``) step 4 keeps the first branch whose
-candidate is the target's argmax, if any, and step 5 is greedy acceptance: the output is target-greedy (as far
-as the branch window's logits equal the target's step's: in float32 token for token in the tests; on the
-bfloat16 path a near-tie may go the other way, ``specjax.models.t5.decode_branches``).
+candidate is the target's argmax, if any, and step 5 is greedy acceptance: the output is target-greedy, token for
+token, since a branch window's logits are the target alone's step's bit for bit on the float32 and bfloat16 paths
+(``specjax.models.t5.decode_branches``; ``tests/test_window_invariance.py``).
 """
 
 from __future__ import annotations

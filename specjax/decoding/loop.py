@@ -409,8 +409,9 @@ def speculative_sample(
         without replacement; at temperature 0 its top k), the target scores all k windows of gamma + 1 tokens
         in one call, and recursive rejection sampling (SpecInfer; Jeon et al. 2024) keeps at most one of them,
         then the ``verification`` rule runs along it: the output distribution is still the target's, and rows
-        at temperature 0 still equal target-greedy (``specjax.decoding.branches``; token for token in float32, up
-        to rounding on the bfloat16 path: ``specjax.models.t5.decode_branches``). 1: single-draft decoding.
+        at temperature 0 still equal target-greedy token for token (``specjax.decoding.branches``: a branch
+        window's logits are the target's step's bit for bit, ``specjax.models.t5.decode_branches``). 1:
+        single-draft decoding.
         Needs a draft model (not prompt lookup nor a confidence stop); the target window is k (gamma + 1) rows
         and the draft runs k rows per row after its first step.
     Returns:

@@ -46,7 +46,7 @@ from specjax.decoding.result import Counters
 from specjax.decoding.xla_cpu import cpu_compiler_options, program_platform, weights_dtype
 from specjax.sampling import SamplingParams
 
-__all__ = ["Slots", "SlotPrograms", "target_body"]
+__all__ = ["Slots", "SlotPrograms", "check_slot_mesh", "target_body"]
 
 
 class Slots(NamedTuple):
@@ -69,10 +69,10 @@ class Slots(NamedTuple):
 
 def target_body(target: DecodingModel, config: DecodeConfig, params, encoded, sampling: SamplingParams):
     """The target alone's iteration over slots, ``SpecState -> SpecState``: one token per unfinished row at its own
-    position. The same per-row arithmetic as ``temperature_sample``'s step (its ``STEP_WINDOW`` tokens, key split,
+    position. The same per-row arithmetic as ``temperature_sample``'s step (``baseline.decode_step``, key split,
     ``sample_next``, the EOS and length rules), so a row's tokens equal that call's for the row's key;
     ``target_calls`` counts the row's tokens."""
-    from specjax.decoding.baseline import STEP_WINDOW, sample_next
+    from specjax.decoding.baseline import decode_step, sample_next
 
     T, pad_id = config.max_decode_length, target.pad_id
 
@@ -81,11 +81,10 @@ def target_body(target: DecodingModel, config: DecodeConfig, params, encoded, sa
         b = n.shape[0]
         with jax.named_scope("step"):
             token_b1 = decoder_input_at(state.sequences, n, pad_id)[:, None]
-            tokens = jnp.tile(token_b1, (1, STEP_WINDOW))  # [b, 2]: the input and a filler, as temperature_sample
-            logits, cache = target.decode(params, encoded, tokens, state.target_cache, n)
+            logits, cache = decode_step(target, params, encoded, token_b1, state.target_cache, n)
         with jax.named_scope("sample"):
             next_keys, sample_keys = split_rows(state.keys, 2)
-            token = sample_next(sample_keys, logits[:, 0], sampling)
+            token = sample_next(sample_keys, logits, sampling)
             active = ~state.done
             idx = jnp.where(active, n, T)  # T is out of bounds: dropped
             sequences = state.sequences.at[jnp.arange(b), idx].set(token, mode="drop")
@@ -100,9 +99,10 @@ def target_body(target: DecodingModel, config: DecodeConfig, params, encoded, sa
     return body
 
 
-def _batch_axes(make, *args):
-    """The batch axis of every leaf of ``make(rows, *args)``'s pytree (found by comparing 1 and 2 rows)."""
-    one, two = jax.eval_shape(lambda: make(1, *args)), jax.eval_shape(lambda: make(2, *args))
+def _batch_axes(make, *args, rows: tuple[int, int] = (1, 2)):
+    """The batch axis of every leaf of ``make(rows, *args)``'s pytree (found by comparing two row counts: 1 and 2,
+    or two multiples of a mesh's data axis, which the activation constraints of a sharded model need)."""
+    one, two = jax.eval_shape(lambda: make(rows[0], *args)), jax.eval_shape(lambda: make(rows[1], *args))
 
     def axis(a, b):
         diff = [i for i, (x, y) in enumerate(zip(a.shape, b.shape)) if x != y]
@@ -111,21 +111,50 @@ def _batch_axes(make, *args):
     return jax.tree.map(axis, one, two)
 
 
-@jax.jit
 def _widen(old: Slots, new: Slots) -> Slots:
     """``old`` written at offset 0 into every leaf of ``new`` whose shape differs (a wider encoder memory)."""
     grow = lambda o, n: jax.lax.dynamic_update_slice(n, o, (0,) * n.ndim) if o.shape != n.shape else o
     return jax.tree.map(grow, old, new)
 
 
+def _collect(slots: Slots, slot_ids):
+    """The finished rows ``slot_ids`` int32[m] of ``slots``: sequences int32[m, T], lengths int32[m] and the
+    ``LineResult`` counters [m] (target_calls, draft_tokens, accepted, num_verified int32; beta_sum float32)."""
+    st, c = slots.state, slots.state.counters
+    take = lambda x: jnp.take(x, slot_ids, axis=0)
+    return dict(
+        sequences=take(st.sequences),
+        lengths=take(st.positions),
+        target_calls=take(c.target_calls),
+        draft_tokens=take(c.draft_tokens),
+        accepted=take(c.accepted),
+        beta_sum=take(c.beta_sum),
+        num_verified=take(c.num_verified),
+    )
+
+
 class SlotPrograms:
     """The compiled slot programs of one bulk run: fixed models, slot count ``b``, ``T``, ``G`` and cache length.
 
+    On a ``("data", "model")`` mesh (``specjax.parallel.make_mesh``) the slots are split over "data" (``b / D``
+    per data group, ``D`` the data size) and the target over "model" exactly as ``model_parallel_sample`` splits
+    them: the same activation constraints (``parallel.mesh_decoding_model``; a draft model replicated over "model",
+    ``parallel.mesh_draft_source``) and the caller's parameters placed by ``parallel.place_decoding_params``. Every
+    program is compiled with the slots' shardings as its in and out shardings, so the slot state stays on the
+    devices, split, from one call to the next; the host reads back the done flags [b] after a run and the
+    finished rows' tokens (``collect``), nothing else. The loop is one program over the mesh: its stop test is
+    one all-reduced count, so the data groups step together.
+
     Attributes:
-      target, draft: ``DecodingModel`` and draft source (None: the target alone).
+      target, draft: ``DecodingModel`` and draft source (None: the target alone), wrapped for the mesh if any.
       batch: ``b`` slots. max_decode_length: ``T``. max_gamma: ``G`` (0: the target alone).
       eos_id, verification: as ``speculative_sample``.
       cache_length: ``L`` (``target_cache_length(T, G)``, the length every loop gives the target's cache).
+      mesh: the mesh or None (one device). row_multiple: ``D`` (1 without a mesh): rows inserted or collected at
+        once come in multiples of it.
+    Raises:
+      ValueError: a mesh without the axes ("data", "model"), or ``b`` not a multiple of its data size (the
+        message names the nearest batch sizes that are).
     """
 
     def __init__(
@@ -138,7 +167,18 @@ class SlotPrograms:
         max_gamma: int,
         eos_id: int,
         verification: str = "token",
+        mesh=None,
+        rules=None,
     ):
+        self.mesh, self.rules, self.row_multiple = mesh, rules, 1
+        if mesh is not None:
+            from specjax import parallel
+
+            self.rules = tuple(parallel.STANDARD_RULES if rules is None else rules)
+            check_slot_mesh(mesh, batch)
+            self.row_multiple = mesh.shape[parallel.DATA]
+            target = parallel.mesh_decoding_model(target, mesh, self.rules)
+            draft = parallel.mesh_draft_source(draft, mesh, self.rules)
         self.target, self.draft, self.batch = target, draft, batch
         self.max_decode_length, self.max_gamma = max_decode_length, max_gamma if draft is not None else 0
         self.eos_id, self.verification = eos_id, verification
@@ -146,13 +186,16 @@ class SlotPrograms:
         self._run = {}
         self._insert = {}
         self._empty = {}
+        self._widen = None
+        self._shardings = None  # the slots' NamedShardings (the same for every encoder width)
+        self._collect = None
 
     _shared: dict = {}
 
     @classmethod
     def shared(cls, target, draft, **settings) -> "SlotPrograms":
-        """The ``SlotPrograms`` for these models and settings, made once per process (the last 8 kept), so every
-        bulk run of the same shape reuses its compiled programs."""
+        """The ``SlotPrograms`` for these models and settings (``mesh`` and ``rules`` included), made once per
+        process (the last 8 kept), so every bulk run of the same shape reuses its compiled programs."""
         key = (target, draft, tuple(sorted(settings.items())))
         if key not in cls._shared:
             while len(cls._shared) >= 8:
@@ -188,6 +231,48 @@ class SlotPrograms:
     def _options(self, params, rows: int):
         return cpu_compiler_options(rows, weights_dtype(params), program_platform(params), self.batch)
 
+    def _batch_axes(self, target_params, draft_params, width):
+        d = self.row_multiple
+        make = lambda r: self._fresh_shapes(r, target_params, draft_params, width)  # noqa: E731
+        return _batch_axes(make, rows=(d, 2 * d))
+
+    def slot_shardings(self, target_params, draft_params, width: int = 16):
+        """The ``Slots`` of ``NamedSharding``s of the ``b`` slots on the mesh (None without one): every per-row
+        leaf's rows over "data", the target's encoder output and cache also heads over "model"
+        (``parallel.activation_shardings``, what the model's own constraints pin them to). A ``PartitionSpec``
+        names axes, not sizes, so one tree serves every encoder width (``width`` only traces the shapes)."""
+        if self.mesh is None:
+            return None
+        if self._shardings is None:
+            from specjax import parallel
+
+            shapes = jax.eval_shape(lambda: self._fresh_shapes(self.batch, target_params, draft_params, width))
+            axes = self._batch_axes(target_params, draft_params, width)
+            per_row = lambda x, a: parallel.batch_sharding(self.mesh, len(x.shape), a)  # noqa: E731
+            out = jax.tree.map(per_row, shapes, axes)
+            encoded = parallel.activation_shardings(shapes.encoded, self.mesh, self.rules)
+            cache = parallel.activation_shardings(shapes.state.target_cache, self.mesh, self.rules)
+            if encoded is not None:
+                out = out._replace(encoded=encoded)
+            if cache is not None:
+                out = out._replace(state=out.state._replace(target_cache=cache))
+            self._shardings = out
+        return self._shardings
+
+    def _jit(self, fn, slots_in, slots_out, params, *, n_host: int, **kwargs):
+        """``jax.jit(fn)`` with in/out shardings on the mesh: ``fn(slots, *host_args, target_params,
+        draft_params)``; ``slots_in`` / ``slots_out`` the slots' shardings (None: not an argument / output
+        other than slots), ``n_host`` small host arguments (replicated), parameters where they are placed."""
+        if self.mesh is None:
+            return jax.jit(fn, **kwargs)
+        from jax.sharding import NamedSharding
+        from jax.sharding import PartitionSpec as P
+
+        replicated = NamedSharding(self.mesh, P())
+        placed = lambda tree: jax.tree.map(lambda x: x.sharding, tree)  # noqa: E731
+        ins = ((slots_in,) if slots_in is not None else ()) + (replicated,) * n_host + tuple(map(placed, params))
+        return jax.jit(fn, in_shardings=ins, out_shardings=slots_out, **kwargs)
+
     # --- programs ---------------------------------------------------------------------------------------------
     def empty(self, target_params, draft_params, width: int) -> Slots:
         """``b`` empty slots of encoder width ``width`` (every slot done, greedy, pad inputs)."""
@@ -206,7 +291,8 @@ class SlotPrograms:
                 )
                 return slots._replace(state=slots.state._replace(done=jnp.ones((b,), bool)))
 
-            self._empty[width] = jax.jit(make)
+            out = self.slot_shardings(target_params, draft_params, width)
+            self._empty[width] = self._jit(make, None, out, (target_params, draft_params), n_host=0)
         return self._empty[width](target_params, draft_params)
 
     def widen(self, target_params, draft_params, slots: Slots, width: int) -> Slots:
@@ -214,24 +300,35 @@ class SlotPrograms:
         length axis is written into an empty slot state of the new width at offset 0 (the new positions are
         masked pad positions, as an input encoded at that width has)."""
         wider = self.empty(target_params, draft_params, width)
-        return _widen(slots, wider)
+        if self._widen is None:
+            sh = self.slot_shardings(target_params, draft_params, width)
+            self._widen = jax.jit(_widen) if sh is None else jax.jit(_widen, in_shardings=(sh, sh), out_shardings=sh)
+        return self._widen(slots, wider)
 
     def insert(self, target_params, draft_params, slots: Slots, tokens, slot_ids, keys, sampling) -> Slots:
         """Writes ``m`` new inputs into the given slots (compiled once per ``m`` and width; ``slots`` donated).
 
         Args:
           slots: the current ``Slots`` (width ``S``).
-          tokens: int32[m, S] inputs, right-padded with ``pad_id``.
+          tokens: int32[m, S] inputs, right-padded with ``pad_id``; on a mesh ``m`` is a multiple of
+            ``row_multiple`` (the new rows are encoded split over "data").
           slot_ids: int32[m] the slot of each row; ``b`` for a row to drop (padding of the group).
           keys: uint32[m, 2] each row's key (``fold_in(seed, line index)``).
           sampling: ``SamplingParams`` [m].
         Returns:
           the new ``Slots``.
+        Raises:
+          ValueError: on a mesh, ``m`` not a multiple of ``row_multiple``.
         """
         m, width = tokens.shape
+        if m % self.row_multiple:
+            raise ValueError(
+                f"insert: {m} rows do not split over the mesh's data axis of size {self.row_multiple}; pad the "
+                f"group to a multiple of it with slot id {self.batch} (dropped)."
+            )
         key = (m, width)
         if key not in self._insert:
-            axes = _batch_axes(lambda r: self._fresh_shapes(r, target_params, draft_params, width))
+            axes = self._batch_axes(target_params, draft_params, width)
 
             def write(slots, tokens, slot_ids, keys, sampling, target_params, draft_params):
                 new = self._fresh(tokens.shape[0], target_params, draft_params, tokens, keys, sampling)
@@ -249,7 +346,8 @@ class SlotPrograms:
                 axes_all = axes._replace(state=axes_state)
                 return jax.tree.map(put, slots, new, axes_all, is_leaf=lambda x: x is None)
 
-            self._insert[key] = jax.jit(write, donate_argnums=(0,))
+            sh = self.slot_shardings(target_params, draft_params, width)
+            self._insert[key] = self._jit(write, sh, sh, (target_params, draft_params), n_host=4, donate_argnums=(0,))
         return self._insert[key](slots, tokens, slot_ids, keys, sampling, target_params, draft_params)
 
     def run(self, target_params, draft_params, slots: Slots, gamma: int, min_done: int, max_iterations: int):
@@ -261,7 +359,7 @@ class SlotPrograms:
             compile per slot width).
           min_done, max_iterations: int (traced: one program serves every value).
         Returns:
-          (``Slots``, int32[] iterations run).
+          (``Slots``, int32[] iterations run, bool[b] done flags: replicated, what the host reads back).
         """
         key = gamma
         if key not in self._run:
@@ -297,8 +395,65 @@ class SlotPrograms:
                 got = state.counters.accepted_per_position
                 per_position = per_position + jnp.pad(got, ((0, 0), (0, G - got.shape[1])))
                 state = state._replace(counters=state.counters._replace(accepted_per_position=per_position))
-                return slots._replace(state=state), i
+                return slots._replace(state=state), i, state.done
 
             options = self._options(target_params, self.batch * max(gamma + 1, 2))  # γ 0: STEP_WINDOW tokens
-            self._run[key] = jax.jit(program, donate_argnums=(0,), compiler_options=options)
+            sh = None
+            if self.mesh is not None:
+                from jax.sharding import NamedSharding
+                from jax.sharding import PartitionSpec as P
+
+                sh = self.slot_shardings(target_params, draft_params)
+                replicated = NamedSharding(self.mesh, P())
+                sh = (sh, replicated, replicated)
+            self._run[key] = self._jit(
+                program,
+                None if sh is None else sh[0],
+                sh,
+                (target_params, draft_params),
+                n_host=2,
+                donate_argnums=(0,),
+                compiler_options=options,
+            )
         return self._run[key](slots, jnp.int32(min_done), jnp.int32(max_iterations), target_params, draft_params)
+
+    def collect(self, slots: Slots, slot_ids) -> dict:
+        """The finished rows ``slot_ids`` int32[m] read back to the host (compiled once per ``m``; on a mesh
+        ``m`` is a multiple of ``row_multiple``; repeat an id to pad): a dict of NumPy arrays, sequences
+        int32[m, T], lengths int32[m], target_calls, draft_tokens, accepted, num_verified int32[m], beta_sum
+        float32[m]. Only these rows leave the devices."""
+        if self._collect is None:
+            if self.mesh is None:
+                self._collect = jax.jit(_collect)
+            else:
+                from jax.sharding import NamedSharding
+                from jax.sharding import PartitionSpec as P
+
+                replicated = NamedSharding(self.mesh, P())
+                sh = self.slot_shardings(None, None)  # made by ``empty`` before any slot exists
+                self._collect = jax.jit(_collect, in_shardings=(sh, replicated), out_shardings=replicated)
+        return jax.device_get(self._collect(slots, slot_ids))
+
+
+def check_slot_mesh(mesh, batch: int) -> None:
+    """Checks that ``batch`` decode slots can be split over ``mesh``: axes ("data", "model") and ``batch`` a
+    multiple of the data size ``D``.
+
+    Raises:
+      ValueError: naming the fix (a mesh from ``specjax.parallel.make_mesh``; a batch size that is a multiple
+        of ``D``, the nearest ones given).
+    """
+    names = tuple(getattr(mesh, "axis_names", ()))
+    if names != ("data", "model"):
+        raise ValueError(
+            f"bulk decoding needs a mesh with axes ('data', 'model'), got {names}; build one with "
+            "specjax.parallel.make_mesh('data:N,model:M')."
+        )
+    d = mesh.shape["data"]
+    if batch % d:
+        lower, upper = batch - batch % d, batch + d - batch % d
+        options = f"{lower} or {upper}" if lower else f"{upper}"
+        raise ValueError(
+            f"batch_size={batch} decode slots do not split evenly over the mesh's data axis of size {d}; use a "
+            f"multiple of {d} (e.g. batch_size / --batch-size {options}) or a smaller data axis."
+        )

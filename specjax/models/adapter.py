@@ -105,11 +105,14 @@ class T5Decoding:
         cast = lambda xs: jax.tree.map(lambda x: x.astype(self.kv_dtype), xs)
         return t5.Encoded(enc.mask, cast(enc.cross_k), cast(enc.cross_v))
 
-    def decode(self, params, encoded, tokens, cache, positions):
+    query_rows = True
+    """``decode`` takes ``query_rows`` (``specjax.decoding.baseline.decode_step`` uses it)."""
+
+    def decode(self, params, encoded, tokens, cache, positions, query_rows: int | None = None):
         """int32[b, k] at int32[b] -> (float32 logits [b, k, v], cache) (``specjax.models.t5.decode``, or
-        ``t5.decode_scanned`` with ``scan_layers``; ``slice_rows`` passed on)."""
+        ``t5.decode_scanned`` with ``scan_layers``; ``slice_rows`` and ``query_rows`` passed on)."""
         run_decoder = t5.decode_scanned if self.scan_layers else t5.decode
-        return run_decoder(self.config, params, encoded, tokens, cache, positions, self.slice_rows)
+        return run_decoder(self.config, params, encoded, tokens, cache, positions, self.slice_rows, query_rows)
 
     def decode_branches(self, params, encoded, tokens, cache, positions):
         """int32[b, k, w] branches at int32[b] -> (float32 logits [b, k, w, v], window): every branch over the

@@ -396,7 +396,7 @@ class Projections(nn.Module):
         k, v = self.kv(x)
         return jnp.transpose(k, (0, 2, 3, 1)), jnp.swapaxes(v, 1, 2)
 
-    def attend(self, q_btnh, k_bnsh, v_bnsh, bias_bnts, keys_hs: bool = False):
+    def attend(self, q_btnh, k_bnsh, v_bnsh, bias_bnts, keys_hs: bool = False, keep_rows: int | None = None):
         """Softmax attention (float32 scores, no 1/sqrt(h) scaling) -> [b, t, d].
 
         Keys and values are heads-first [b, n, s, h], and the small queries are moved heads-first too
@@ -405,7 +405,8 @@ class Projections(nn.Module):
         small pair's self-attention measured 2.8-4.9x faster so (a bfloat16 window of 6 rows 58 -> 21 µs a
         layer, a float32 one-token step 25 -> 5 µs) and a window's cross-attention 2.4x
         (``benchmarks/attention_layout.py``, ``benchmarks/results/cpu_kernels/``).
-        ``keys_hs``: the keys are [b, n, h, s] instead (``kv_memory``).
+        ``keys_hs``: the keys are [b, n, h, s] instead (``kv_memory``). ``keep_rows``: only the first this many
+        query rows go through the output projection (``query_rows`` of ``decode``: the copies are dropped).
         """
         cfg = self.config
         q_bnth = jnp.swapaxes(q_btnh, 1, 2)
@@ -418,35 +419,35 @@ class Projections(nn.Module):
         # output is rounded once to the compute dtype, as the compute-dtype dot rounds its float32 sums.
         out_bnth = jnp.einsum("bnts,bnsh->bnth", weights, v_bnsh).astype(cfg.compute_dtype)
         out_btnh = jnp.swapaxes(out_bnth, 1, 2)
+        if keep_rows is not None:
+            out_btnh = out_btnh[:, :keep_rows]
         return self.out(out_btnh.reshape(out_btnh.shape[:2] + (cfg.num_heads * cfg.head_dim,)))
 
 
-def _attend_window(
-    proj: "Projections", q_btnh, cache_k_bnLh, cache_v_bnLh, cache_bias, win_k_btnh, win_v_btnh, win_bias
-):
-    """Softmax attention over the cache's slots and the window's own keys at once (one softmax over both)
-    -> [b, t, d]; ``Projections.attend`` with the window's keys/values held apart instead of written into the
-    cache, so a branch window reads the committed prefix without copying it (``decode_branches``).
+def _with_query_rows(q_btnh, rows: int | None):
+    """Queries [b, t, n, h] -> [b, max(t, rows), n, h]: the last row repeated (``decode``'s ``query_rows``)."""
+    t = q_btnh.shape[1]
+    if rows is None or rows <= t:
+        return q_btnh
+    return jnp.concatenate([q_btnh, jnp.repeat(q_btnh[:, -1:], rows - t, axis=1)], axis=1)
 
-    cache_k/v [b, n, L, h], cache_bias float32 [b, n, t, L]; win_k/v [b, t, n, h] (the queries' own rows),
-    win_bias float32 [b or 1, n, t, t].
+
+def _branch_caches(cache_bnLh, new_bmnh, positions_b, width: int):
+    """Each branch's own copy of a layer's self-attention keys or values: the committed cache with that branch's
+    window written at its slots, as a chain window of the branch's tokens writes it (``Decoder.__call__``).
+
+    cache [b, n, L, h]; new [b, m, n, h], ``m = k · w`` branch-major; positions int32[b] -> [b · k, n, L, h],
+    row ``i · k + j`` branch ``j`` of row ``i`` (slots past ``L`` dropped, never clamped). A copy of the cache per
+    branch, so that every branch's attention reads its keys/values at the slots, and in the dtype, the chain
+    window's attention reads them: the same dots over the same cache length, bit for bit (``decode_branches``).
     """
-    cfg = proj.config
-    q_bnth = jnp.swapaxes(q_btnh, 1, 2)
-    win_k_bnth = jnp.swapaxes(win_k_btnh, 1, 2)
-    win_v_bnth = jnp.swapaxes(win_v_btnh, 1, 2)
-    cache_scores = jnp.einsum("bnth,bnsh->bnts", q_bnth, cache_k_bnLh, preferred_element_type=jnp.float32)
-    win_scores = jnp.einsum(
-        "bnth,bnsh->bnts", q_bnth, win_k_bnth.astype(q_bnth.dtype), preferred_element_type=jnp.float32
-    )
-    length = cache_scores.shape[-1]
-    weights = fixed_order_softmax(jnp.concatenate([cache_scores + cache_bias, win_scores + win_bias], axis=-1))
-    weights = weights.astype(cfg.compute_dtype)
-    out_bnth = jnp.einsum("bnts,bnsh->bnth", weights[..., :length], cache_v_bnLh) + jnp.einsum(
-        "bnts,bnsh->bnth", weights[..., length:], win_v_bnth.astype(cfg.compute_dtype)
-    )
-    out_btnh = jnp.swapaxes(out_bnth.astype(cfg.compute_dtype), 1, 2)
-    return proj.out(out_btnh.reshape(out_btnh.shape[:2] + (cfg.num_heads * cfg.head_dim,)))
+    b, m = new_bmnh.shape[:2]
+    k = m // width
+    rows = jnp.arange(b * k)[:, None]
+    query_pos = jnp.repeat(positions_b, k)[:, None] + jnp.arange(width, dtype=jnp.int32)[None, :]  # [b · k, w]
+    forked = jnp.repeat(cache_bnLh, k, axis=0)  # [b · k, n, L, h]
+    new_bkwnh = new_bmnh.reshape((b * k, width) + new_bmnh.shape[2:])
+    return forked.at[rows, :, query_pos].set(new_bkwnh.astype(forked.dtype), mode="drop")
 
 
 _ACTIVATIONS = {
@@ -549,15 +550,19 @@ class DecoderLayer(nn.Module):
         """[b, s, d] -> cross-attention keys [b, n, h, s], values [b, n, s, h] (``Encoded``)."""
         return self.encoder_decoder_attention.kv_memory(encoded_bsd)
 
-    def __call__(self, x, self_kv, self_bias, cross_kv, cross_bias, write, read=None):
+    def __call__(self, x, self_kv, self_bias, cross_kv, cross_bias, write, read=None, query_rows=None):
         """x: [b, k, d]; self_kv: cached (k, v) [b, n, L, h]; write(cache, new) stores the window.
 
         ``read``: what attention reads of a written cache (``read(cache)`` [b, n, L, h]); None: the cache itself.
         The scanned decoder passes the whole stacked cache [l, b, n, L, h] as ``self_kv``, writes the window into
         it in place and reads this layer's slice (``decode_scanned``).
 
+        ``query_rows`` (> k): both attentions run with the queries padded to this many rows by repeating the
+        last (the biases have this many rows) and keep the first k; the projections and the MLP see k rows.
+
         Returns (x, (k, v)) with the window's keys/values written into the cache.
         """
+        k_rows = x.shape[1] if query_rows is not None and query_rows > x.shape[1] else None
         with jax.named_scope("self_attention"):
             y = self.pre_self_attention_layer_norm(x)
             new_k, new_v = self.self_attention.kv(y)
@@ -565,7 +570,9 @@ class DecoderLayer(nn.Module):
             seen_k, seen_v = (k, v) if read is None else (read(k), read(v))
             x = x + _dropout(
                 self,
-                self.self_attention.attend(self.self_attention.q(y), seen_k, seen_v, self_bias),
+                self.self_attention.attend(
+                    _with_query_rows(self.self_attention.q(y), query_rows), seen_k, seen_v, self_bias, keep_rows=k_rows
+                ),
                 self.dropout_rate,
                 _length_shared(self.dropout_style),
             )
@@ -574,7 +581,12 @@ class DecoderLayer(nn.Module):
             x = x + _dropout(
                 self,
                 self.encoder_decoder_attention.attend(
-                    self.encoder_decoder_attention.q(y), cross_kv[0], cross_kv[1], cross_bias, keys_hs=True
+                    _with_query_rows(self.encoder_decoder_attention.q(y), query_rows),
+                    cross_kv[0],
+                    cross_kv[1],
+                    cross_bias,
+                    keys_hs=True,
+                    keep_rows=k_rows,
                 ),
                 self.dropout_rate,
                 _length_shared(self.dropout_style),
@@ -586,23 +598,28 @@ class DecoderLayer(nn.Module):
         return x, (k, v)
 
 
-def _layer_branches(layer: "DecoderLayer", x, cache_kv, cache_bias, win_bias, cross_kv, cross_bias):
-    """One decoder block over a branch window (inference only): x [b, m, d], cache (k, v) [b, n, L, h] read,
-    never written -> (x [b, m, d], the window's (keys, values) [b, m, n, h]). ``DecoderLayer.__call__`` with
-    the self-attention of ``_attend_window``."""
+def _layer_branches(layer: "DecoderLayer", x, cache_kv, self_bias, positions, width: int, cross_kv, cross_bias):
+    """One decoder block over a branch window (inference only): x [b, m, d] (``m = k · w``, branch-major), cache
+    (k, v) [b, n, L, h] read, never written, self_bias float32 [b, n, w, L] (a chain window's at ``positions``
+    int32[b]) -> (x [b, m, d], the window's (keys, values) [b, m, n, h]).
+
+    ``DecoderLayer.__call__`` with each branch's self-attention run as a chain window's: its ``w`` query rows over
+    its own copy of the cache with its window written in (``_branch_caches``), the full cache length, the chain's
+    mask and ``fixed_order_softmax``, so its logits are the chain window's bit for bit. Cross-attention and the
+    MLP run on all ``m`` rows at once against the row's one cross-attention memory (no copy per branch)."""
+    b, m = x.shape[:2]
+    k = m // width
     with jax.named_scope("self_attention"):
         y = layer.pre_self_attention_layer_norm(x)
-        new_k, new_v = layer.self_attention.kv(y)
-        x = x + _attend_window(
-            layer.self_attention,
-            layer.self_attention.q(y),
-            cache_kv[0],
-            cache_kv[1],
-            cache_bias,
-            new_k,
-            new_v,
-            win_bias,
-        )
+        new_k, new_v = layer.self_attention.kv(y)  # [b, m, n, h] each
+        q = layer.self_attention.q(y)
+        out = layer.self_attention.attend(
+            q.reshape((b * k, width) + q.shape[2:]),
+            _branch_caches(cache_kv[0], new_k, positions, width),
+            _branch_caches(cache_kv[1], new_v, positions, width),
+            jnp.repeat(self_bias, k, axis=0),
+        )  # [b · k, w, d]
+        x = x + out.reshape(x.shape)
     with jax.named_scope("cross_attention"):
         y = layer.pre_cross_attention_layer_norm(x)
         x = x + layer.encoder_decoder_attention.attend(
@@ -671,19 +688,21 @@ class Decoder(nn.Module):
         ks, vs = zip(*(layer.cross_kv(encoded_bsd) for layer in self.layers))
         return tuple(ks), tuple(vs)
 
-    def __call__(self, x_bkd, positions_b, cache: KVCache, encoded: Encoded, embedder):
+    def __call__(self, x_bkd, positions_b, cache: KVCache, encoded: Encoded, embedder, query_rows=None):
         cfg = self.config
         b, k = x_bkd.shape[:2]
+        r = max(k, query_rows or k)  # attention's query rows (``decode``'s ``query_rows``)
         cache_len = cache.k[0].shape[2]
-        query_pos = positions_b[:, None] + jnp.arange(k, dtype=jnp.int32)[None, :]  # [b, k]
-        # Causal relative-position bias [b, n, k, L]: a gather from a per-distance table (the last column
+        query_pos_r = positions_b[:, None] + jnp.arange(r, dtype=jnp.int32)[None, :]  # [b, r]
+        query_pos = query_pos_r[:, :k]  # [b, k]: the rows written
+        # Causal relative-position bias [b, n, r, L]: a gather from a per-distance table (the last column
         # is NEG_INF for slots after the query), rather than bucketing (a log) every slot every step.
-        distance = query_pos[:, :, None] - jnp.arange(cache_len, dtype=jnp.int32)  # [b, k, L]
-        # Distances run up to L + k - 1 (a window may reach past the cache; its writes are dropped).
-        column = jnp.where(distance >= 0, distance, cache_len + k)
+        distance = query_pos_r[:, :, None] - jnp.arange(cache_len, dtype=jnp.int32)  # [b, r, L]
+        # Distances run up to L + r - 1 (a window may reach past the cache; its writes are dropped).
+        column = jnp.where(distance >= 0, distance, cache_len + r)
 
         def causal_bias(relpos_bias):
-            return _causal_bias(relpos_bias, column, cache_len + k)
+            return _causal_bias(relpos_bias, column, cache_len + r)
 
         shared_bias = None if cfg.per_layer_relpos_bias else causal_bias(self.relpos_bias)
         cross_bias = jnp.where(encoded.mask[:, None, None, :], 0.0, NEG_INF)  # [b, 1, 1, s]
@@ -701,7 +720,13 @@ class Decoder(nn.Module):
         for i, layer in enumerate(self.layers):
             self_bias = shared_bias if shared_bias is not None else causal_bias(layer.relpos_bias)  # [b, n, k, L]
             x_bkd, (lk, lv) = layer(
-                x_bkd, (cache.k[i], cache.v[i]), self_bias, (encoded.cross_k[i], encoded.cross_v[i]), cross_bias, write
+                x_bkd,
+                (cache.k[i], cache.v[i]),
+                self_bias,
+                (encoded.cross_k[i], encoded.cross_v[i]),
+                cross_bias,
+                write,
+                query_rows=r if r > k else None,
             )
             new_k.append(lk)
             new_v.append(lv)
@@ -710,22 +735,23 @@ class Decoder(nn.Module):
     def branches(self, x_bmd, positions_b, width: int, cache: KVCache, encoded: Encoded, embedder):
         """A branch window (``decode_branches``): x [b, m, d] -> (float32 logits [b, m, v], ``BranchWindow``)."""
         cache_len = cache.k[0].shape[2]
-        cache_col, win_col, table_len = _branch_columns(positions_b, x_bmd.shape[1], width, cache_len)
+        column = _chain_columns(positions_b, width, cache_len)
 
-        def biases(relpos):  # ([b, n, m, L] over the cache, [1, n, m, m] over the window)
-            return _causal_bias(relpos, cache_col, table_len), _causal_bias(relpos, win_col, table_len)
+        def causal_bias(relpos):  # [b, n, w, L], a chain window's
+            return _causal_bias(relpos, column, cache_len + width)
 
-        shared = None if self.config.per_layer_relpos_bias else biases(self.relpos_bias)
+        shared = None if self.config.per_layer_relpos_bias else causal_bias(self.relpos_bias)
         cross_bias = jnp.where(encoded.mask[:, None, None, :], 0.0, NEG_INF)  # [b, 1, 1, s]
         new_k, new_v = [], []
         for i, layer in enumerate(self.layers):
-            cache_bias, win_bias = shared if shared is not None else biases(layer.relpos_bias)
+            self_bias = shared if shared is not None else causal_bias(layer.relpos_bias)
             x_bmd, (lk, lv) = _layer_branches(
                 layer,
                 x_bmd,
                 (cache.k[i], cache.v[i]),
-                cache_bias,
-                win_bias,
+                self_bias,
+                positions_b,
+                width,
                 (encoded.cross_k[i], encoded.cross_v[i]),
                 cross_bias,
             )
@@ -746,23 +772,14 @@ class Decoder(nn.Module):
         return logits.astype(jnp.float32)
 
 
-def _branch_columns(positions_b, m: int, width: int, cache_len: int):
-    """Columns of ``RelativePositionBias.causal_table(table_len)`` for a branch window of ``m = k · w`` query rows
-    (row ``j · w + i``: branch ``j``, depth ``i``, decoder position ``positions_b + i``): (cache columns int32
-    [b, m, L]: the distance to slot ``c`` for the committed slots ``c < positions_b``, the masked column for
-    later (stale) slots; window columns int32 [1, m, m]: the depth difference to the same branch's earlier or
-    own rows, masked elsewhere; table_len = L + w)."""
-    table_len = cache_len + width
-    row = jnp.arange(m, dtype=jnp.int32)
-    depth, branch = row % width, row // width
-    query_pos = positions_b[:, None] + depth[None, :]  # [b, m]
-    slot = jnp.arange(cache_len, dtype=jnp.int32)
-    cache_col = jnp.where(
-        slot[None, None, :] < positions_b[:, None, None], query_pos[:, :, None] - slot[None, None, :], table_len
-    )
-    gap = depth[:, None] - depth[None, :]
-    win_col = jnp.where((branch[:, None] == branch[None, :]) & (gap >= 0), gap, table_len)[None]
-    return cache_col, win_col, table_len
+def _chain_columns(positions_b, k: int, cache_len: int):
+    """int32[b, k, L]: the columns of ``RelativePositionBias.causal_table(cache_len + k)`` a window of ``k`` tokens
+    at ``positions_b`` reads (``_causal_bias``): the distance query - slot, or the masked column ``cache_len + k``
+    for a slot after the query (``Decoder.__call__``, ``_decoder_inputs``)."""
+    query_pos = positions_b[:, None] + jnp.arange(k, dtype=jnp.int32)[None, :]  # [b, k]
+    # Distances run up to L + k - 1 (a window may reach past the cache; its writes are dropped).
+    distance = query_pos[:, :, None] - jnp.arange(cache_len, dtype=jnp.int32)  # [b, k, L]
+    return jnp.where(distance >= 0, distance, cache_len + k)
 
 
 def _causal_bias(relpos_bias: RelativePositionBias, column_bkL, table_len: int):
@@ -863,8 +880,8 @@ class Transformer(nn.Module):
         cross_k, cross_v = self.decoder.cross_kv(hidden)
         return hidden, Encoded(mask, cross_k, cross_v)
 
-    def decode(self, encoded, tokens, cache, positions):
-        return self.decoder(self.token_embedder(tokens), positions, cache, encoded, self.token_embedder)
+    def decode(self, encoded, tokens, cache, positions, query_rows=None):
+        return self.decoder(self.token_embedder(tokens), positions, cache, encoded, self.token_embedder, query_rows)
 
     def decode_branches(self, encoded, tokens_bm, cache, positions, width: int):
         return self.decoder.branches(
@@ -954,7 +971,14 @@ def encoder_outputs(config: T5Config, params: Params, encoder_input_tokens) -> j
 
 
 def decode(
-    config: T5Config, params: Params, encoded: Encoded, tokens, cache: KVCache, positions, slice_rows: bool = False
+    config: T5Config,
+    params: Params,
+    encoded: Encoded,
+    tokens,
+    cache: KVCache,
+    positions,
+    slice_rows: bool = False,
+    query_rows: int | None = None,
 ):
     """Scores a window of ``k`` decoder tokens per row, each row at its own position.
 
@@ -971,6 +995,11 @@ def decode(
       positions: int32[b], the position of each row's first window token.
       slice_rows: write the window into the cache with dynamic slices (``Transformer.slice_rows``; TPU / GPU
         programs); the same values.
+      query_rows: None, or a static int > k: the attentions run as for a window of this many rows (the last
+        token's query repeated, its position one further each; those rows' outputs dropped), while the
+        projections, the MLP and the logits see the k real rows. A step (k = 1) at ``query_rows=2`` gives the
+        logits of the first row of a 2-token window bit for bit at half the dense work
+        (``specjax.decoding.baseline.STEP_WINDOW``).
     Returns:
       (logits float32[b, k, v], updated cache).
     """
@@ -980,6 +1009,7 @@ def decode(
         jnp.asarray(tokens, jnp.int32),
         cache,
         jnp.asarray(positions, jnp.int32),
+        query_rows,
         method=Transformer.decode,
     )
 
@@ -1285,19 +1315,21 @@ def _encoder_norm(module: "Transformer", x_bsd):
     return module.encoder.encoder_norm(x_bsd)
 
 
-def _decoder_inputs(module: "Transformer", tokens_bk, positions_b, mask_bs, cache_len: int):
+def _decoder_inputs(module: "Transformer", tokens_bk, positions_b, mask_bs, cache_len: int, query_rows=None):
     """Embeddings [b, k, d], query positions int32[b, k], causal columns int32[b, k, L] (``_causal_bias``), the
     self-attention bias float32[b, n, k, L] the layers share (None with per-layer tables: umT5) and the
-    cross-attention bias float32[b, 1, 1, s] of a window, as ``Decoder.__call__`` computes them."""
+    cross-attention bias float32[b, 1, 1, s] of a window, as ``Decoder.__call__`` computes them (the biases and
+    columns with ``max(k, query_rows)`` rows, the query positions of the k written rows)."""
     k = tokens_bk.shape[1]
-    query_pos = positions_b[:, None] + jnp.arange(k, dtype=jnp.int32)[None, :]  # [b, k]
-    distance = query_pos[:, :, None] - jnp.arange(cache_len, dtype=jnp.int32)  # [b, k, L]
-    column = jnp.where(distance >= 0, distance, cache_len + k)
+    r = max(k, query_rows or k)
+    query_pos = positions_b[:, None] + jnp.arange(r, dtype=jnp.int32)[None, :]  # [b, r]
+    distance = query_pos[:, :, None] - jnp.arange(cache_len, dtype=jnp.int32)  # [b, r, L]
+    column = jnp.where(distance >= 0, distance, cache_len + r)
     shared = None
     if not module.config.per_layer_relpos_bias:
-        shared = _causal_bias(module.decoder.relpos_bias, column, cache_len + k)
+        shared = _causal_bias(module.decoder.relpos_bias, column, cache_len + r)
     cross_bias = jnp.where(mask_bs[:, None, None, :], 0.0, NEG_INF)
-    return module.token_embedder(tokens_bk), query_pos, column, shared, cross_bias
+    return module.token_embedder(tokens_bk), query_pos[:, :k], column, shared, cross_bias
 
 
 def _decoder_head(module: "Transformer", y_bkd):
@@ -1344,7 +1376,14 @@ def encode_scanned(config: T5Config, params: Params, encoder_input_tokens) -> En
 
 
 def decode_scanned(
-    config: T5Config, params: Params, encoded: Encoded, tokens, cache: KVCache, positions, slice_rows: bool = False
+    config: T5Config,
+    params: Params,
+    encoded: Encoded,
+    tokens,
+    cache: KVCache,
+    positions,
+    slice_rows: bool = False,
+    query_rows: int | None = None,
 ):
     """``decode`` with the layers under ``lax.scan``: the same contract and values.
 
@@ -1361,7 +1400,7 @@ def decode_scanned(
       tokens: int32[b, k] decoder input tokens.
       cache: ``KVCache`` of stacked arrays [l, b, n, L, h] (``init_cache(..., stacked=True)``).
       positions: int32[b], the position of each row's first window token.
-      slice_rows: see ``decode``.
+      slice_rows, query_rows: see ``decode``.
     Returns:
       (logits float32[b, k, v], updated stacked cache).
     Raises:
@@ -1377,9 +1416,11 @@ def decode_scanned(
         positions,
         encoded.mask,
         cache_len,
+        query_rows,
         method=_decoder_inputs,
     )
     b, k = x_bkd.shape[:2]
+    r = max(k, query_rows or k)
     rows = jnp.arange(b)[:, None]
     in_place = _slices_fit(slice_rows, b, k, cache_len)
     layer = DecoderLayer(config, parent=None)
@@ -1390,7 +1431,7 @@ def decode_scanned(
         layer_params = _untranspose_layer("decoder", layer_params)
         self_bias = shared_bias  # [b, n, k, L]
         if self_bias is None:  # umT5: this layer's own table
-            self_bias = layer.apply({"params": layer_params}, column, cache_len + k, method=_layer_causal_bias)
+            self_bias = layer.apply({"params": layer_params}, column, cache_len + r, method=_layer_causal_bias)
 
         def write(stacked_lbnLh, new_bknh):
             if in_place:
@@ -1403,7 +1444,15 @@ def decode_scanned(
             return jax.lax.dynamic_index_in_dim(stacked_lbnLh, i, 0, keepdims=False)
 
         x, (cache_k, cache_v) = layer.apply(
-            {"params": layer_params}, x, (cache_k, cache_v), self_bias, (cross_k, cross_v), cross_bias, write, read
+            {"params": layer_params},
+            x,
+            (cache_k, cache_v),
+            self_bias,
+            (cross_k, cross_v),
+            cross_bias,
+            write,
+            read,
+            r if r > k else None,
         )
         return (x, cache_k, cache_v), None
 
@@ -1429,15 +1478,16 @@ def decode_branches(config: T5Config, params: Params, encoded: Encoded, tokens, 
     """Scores ``k`` branches of ``w`` decoder tokens per row in one call, without writing the cache.
 
     Branch ``j`` of row ``b`` holds tokens ``tokens[b, j, 0..w-1]`` at decoder positions ``positions[b] ..
-    positions[b] + w - 1``. Every branch attends to the row's committed cache slots ``< positions[b]`` (read,
-    never copied: a cache slot at or past the position is stale and masked) and to its own earlier tokens
-    and itself (a tree mask over the ``m = k · w`` query rows), with T5's relative position bias of the
-    true distances; all branches share the row's one cross-attention memory (``encoded``: no copy per branch).
-    A branch gives the logits a chain window ``decode`` of its ``w`` tokens would up to float rounding, not bit
-    for bit: its attention sums the cache's slots and its own keys in another order (one softmax over [L + k · w]
-    entries, two value products added), so on the bfloat16 path a near-tie may go the other way (float32: equal to
-    1e-6, and greedy multi-draft output equals the target alone's in the tests).
-    Keep one branch's keys/values with ``commit_branch``.
+    positions[b] + w - 1``. Every branch attends to the row's committed cache slots ``< positions[b]`` (a cache
+    slot at or past the position is stale and masked) and to its own earlier tokens and itself, with T5's relative
+    position bias of the true distances, exactly as a chain window ``decode`` of its ``w`` tokens does: its
+    self-attention reads its own copy of the layer's cache with its window written at its slots (``_branch_caches``:
+    ``k`` copies of the cache per layer, transient), over the whole cache length, with the chain window's mask and
+    ``fixed_order_softmax``. So a branch's logits are the chain window's bit for bit wherever the dense layers'
+    dots round ``k · w`` rows as they round ``w`` (bfloat16 on XLA:CPU: one kernel from 2 to 256 rows; float32
+    below about 40 rows; docs/performance.md, "Window invariance"), and greedy multi-draft output is the target
+    alone's. All branches share the row's one cross-attention memory (``encoded``: no copy per branch). The cache
+    passed in is not written; keep one branch's keys/values with ``commit_branch``.
 
     Args:
       config, params: the model (unstacked parameters).
@@ -1469,8 +1519,8 @@ def _branch_embed(module: "Transformer", tokens_bm):
     return module.token_embedder(tokens_bm)
 
 
-def _layer_branches_apply(layer: "DecoderLayer", x, cache_kv, cache_bias, win_bias, cross_kv, cross_bias):
-    return _layer_branches(layer, x, cache_kv, cache_bias, win_bias, cross_kv, cross_bias)
+def _layer_branches_apply(layer: "DecoderLayer", x, cache_kv, self_bias, positions, width: int, cross_kv, cross_bias):
+    return _layer_branches(layer, x, cache_kv, self_bias, positions, width, cross_kv, cross_bias)
 
 
 def _layer_relpos_bias(layer: "DecoderLayer", column, table_len: int):
@@ -1496,32 +1546,27 @@ def decode_branches_scanned(config: T5Config, params: Params, encoded: Encoded, 
     model = Transformer(config)
     cache_len = cache.k.shape[-2]
     x_bmd = model.apply({"params": params}, tokens.reshape(b, k * w), method=_branch_embed)
-    cache_col, win_col, table_len = _branch_columns(positions, k * w, w, cache_len)
+    column = _chain_columns(positions, w, cache_len)  # [b, w, L]: a chain window's
+    table_len = cache_len + w
     cross_bias = jnp.where(encoded.mask[:, None, None, :], 0.0, NEG_INF)
     shared = None
     if not config.per_layer_relpos_bias:
-        shared = (
-            model.apply({"params": params}, cache_col, table_len, method=_stack_relpos_bias),
-            model.apply({"params": params}, win_col, table_len, method=_stack_relpos_bias),
-        )
+        shared = model.apply({"params": params}, column, table_len, method=_stack_relpos_bias)
     layer = DecoderLayer(config, parent=None)
 
     def decoder_layer(x, xs):
         layer_params, cache_k, cache_v, cross_k, cross_v = xs
         layer_params = _untranspose_layer("decoder", layer_params)
-        if shared is None:  # umT5: this layer's own table
-            biases = tuple(
-                layer.apply({"params": layer_params}, col, table_len, method=_layer_relpos_bias)
-                for col in (cache_col, win_col)
-            )
-        else:
-            biases = shared
+        self_bias = shared
+        if self_bias is None:  # umT5: this layer's own table
+            self_bias = layer.apply({"params": layer_params}, column, table_len, method=_layer_relpos_bias)
         x, new_kv = layer.apply(
             {"params": layer_params},
             x,
             (cache_k, cache_v),
-            biases[0],
-            biases[1],
+            self_bias,
+            positions,
+            w,
             (cross_k, cross_v),
             cross_bias,
             method=_layer_branches_apply,
