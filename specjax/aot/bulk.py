@@ -5,11 +5,11 @@ talks to the host, and tokens/s per chip estimated from the HBM traffic of one l
 Legend for shapes (STYLE.md): ``b`` slots, ``m`` rows inserted at once, ``S`` encoder width, ``T``
 max_decode_length, ``L`` cache length, ``D`` devices.
 
-The programs are ``SlotPrograms.empty`` / ``insert`` / ``run`` themselves (the bulk path's own jitted functions,
-traced inside a ``jax.jit`` that gives their arguments the TPU mesh's shardings; never a copy of them), with the
-target and draft as ``specjax.parallel``'s model-parallel programs see them (``_MeshT5Decoding``: the target's
-weights split by ``STANDARD_RULES`` over "model", the draft replicated over "model", caches' heads over "model",
-slots over "data"). The slots' shardings are those the compiled ``empty`` program hands over.
+The programs are ``SlotPrograms.empty`` / ``insert`` / ``run`` themselves on the slice's mesh (the bulk path's own
+jitted functions, with their in / out shardings, traced inside a ``jax.jit`` whose arguments are abstract TPU arrays;
+never a copy of them), with the models and parameters placed as ``BulkDecoder(mesh=...)`` places them: the target's
+weights split by ``STANDARD_RULES`` over "model", the draft replicated, slots over "data", caches' heads over
+"model" (``SlotPrograms.slot_shardings``).
 
 Tokens/s per chip = ``b`` × E(α, γ) / t_iteration / ``D``: E(α, γ) = (1 - α^(γ+1)) / (1 - α) the expected tokens
 per iteration and slot (Leviathan et al. 2023, §3; 1 for the target alone), t_iteration = max(HBM bytes of one
@@ -63,17 +63,6 @@ def paper_alpha(draft: str | None, temperature: float, task: str = "EnDe", paper
 def _expected_tokens(alpha: float, gamma: int) -> float:
     """E(α, γ) = (1 - α^(γ+1)) / (1 - α) tokens per iteration (γ + 1 at α = 1; 1 for the target alone)."""
     return float(gamma + 1) if alpha >= 1.0 else (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
-
-
-def _placed(config: T5Config, mesh, rules):
-    """``(_MeshT5Decoding, params)``: ``config``'s decode functions as a model-parallel program sees them (layers
-    scanned, as ``decoding_model()`` picks for TPU parameters) and abstract parameters placed with
-    ``param_shardings(config, mesh, rules)``."""
-    model = _abstract_model(config, NamedSharding(mesh, P()))
-    fns, params = model.decoding_model()
-    specs = parallel.param_shardings(config, mesh, rules, stacked=fns.scan_layers)
-    params = jax.tree_util.tree_map(parallel._put, params, specs)
-    return parallel._MeshT5Decoding(fns, mesh, rules), params
 
 
 def _with_shardings(shapes, shardings):
@@ -161,11 +150,15 @@ def bulk_report(
             + _fitting_hint(topo, tcfg, dcfg, chip.hbm_bytes, **shape)
         )
     rules = parallel.STANDARD_RULES
-    tfns, tparams = _placed(tcfg, the_mesh, rules)
+    replicated = NamedSharding(the_mesh, P())
+    # the models and parameters as BulkDecoder(mesh=...) places them: the target split by the rules, the draft
+    # replicated; SlotPrograms wraps both for the mesh (parallel.mesh_decoding_model / mesh_draft_source)
+    tfns, tparams = _abstract_model(tcfg, replicated).decoding_model()
+    tparams = parallel.place_decoding_params(tfns, tparams, the_mesh, rules)
     source_fns, dparams = None, None
     if dcfg is not None:
-        dfns, dparams = _placed(dcfg, the_mesh, parallel._drop_axis(rules, "data"))
-        source_fns, dparams = as_draft_source((dfns, dparams))
+        source_fns, dparams = as_draft_source(_abstract_model(dcfg, replicated).decoding_model())
+        dparams = parallel.place_decoding_params(None, dparams, the_mesh)
     programs = SlotPrograms(
         tfns,
         source_fns,
@@ -174,8 +167,11 @@ def bulk_report(
         max_gamma=gamma,
         eos_id=1,
         verification=verification,
+        mesh=the_mesh,
+        rules=rules,
     )
     m = max(1, slots // 4) if refill is None else min(refill, slots)
+    m = -(-m // data) * data  # inserts come in multiples of the data size (SlotPrograms.row_multiple)
     report: dict = dict(
         topology=topo.name,
         topology_name=topo.topology_name,
@@ -201,7 +197,6 @@ def bulk_report(
         memory_estimate=need,
         programs=[],
     )
-    replicated = NamedSharding(the_mesh, P())
 
     def compile_one(name, trace):
         log(f"compiling bulk {name} for {topo.name} (data:{data},model:{model}, {slots} slots) ...")
@@ -215,15 +210,15 @@ def bulk_report(
     record, compiled = compile_one("empty", lambda: make.trace(tparams, dparams))
     if compiled is None:
         return report
-    slot_shardings = compiled.output_shardings
+    slot_shardings = programs.slot_shardings(tparams, dparams, input_length)
     slot_specs = _with_shardings(jax.eval_shape(make, tparams, dparams), slot_shardings)
 
     # --- insert: m new inputs into their slots (slots donated) --------------------------------------------------
     def spec(shape_, dtype_):
         return jax.ShapeDtypeStruct(shape_, dtype_, sharding=replicated)
 
-    # the m new inputs split over "data" when they divide (each data group encodes its share), else replicated
-    rows_sharding = NamedSharding(the_mesh, P("data")) if m % data == 0 else replicated
+    # the m new inputs come from the host replicated (SlotPrograms.insert encodes them split over "data")
+    rows_sharding = replicated
 
     def row_spec(shape_, dtype_):
         return jax.ShapeDtypeStruct(shape_, dtype_, sharding=rows_sharding)
@@ -236,11 +231,7 @@ def bulk_report(
     def write(slots_, tokens, ids, keys, sampling_, tp, dp):
         return programs.insert(tp, dp, slots_, tokens, ids, keys, sampling_)
 
-    insert = jax.jit(
-        write,
-        donate_argnums=(0,),
-        out_shardings=slot_shardings,
-    )
+    insert = jax.jit(write, donate_argnums=(0,))
     args = (
         slot_specs,
         row_spec((m, input_length), jnp.int32),
@@ -270,7 +261,6 @@ def bulk_report(
                 tp, dp, slots_, g, min_done, max_iterations
             ),
             donate_argnums=(0,),
-            out_shardings=(slot_shardings, replicated),
         )
         record, compiled = compile_one(
             f"run_gamma_{g}", lambda run=run: run.trace(slot_specs, scalar, scalar, tparams, dparams)
