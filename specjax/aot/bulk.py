@@ -6,8 +6,8 @@ Legend for shapes (STYLE.md): ``b`` slots, ``m`` rows inserted at once, ``S`` en
 max_decode_length, ``L`` cache length, ``D`` devices.
 
 The programs are ``SlotPrograms.empty`` / ``insert`` / ``run`` themselves on the slice's mesh (the bulk path's own
-jitted functions, with their in / out shardings, traced inside a ``jax.jit`` whose arguments are abstract TPU arrays;
-never a copy of them), with the models and parameters placed as ``BulkDecoder(mesh=...)`` places them: the target's
+jitted functions with their in / out shardings and donations, traced and compiled with abstract TPU arrays; never
+a copy of them), with the models and parameters placed as ``BulkDecoder(mesh=...)`` places them: the target's
 weights split by ``STANDARD_RULES`` over "model", the draft replicated, slots over "data", caches' heads over
 "model" (``SlotPrograms.slot_shardings``).
 
@@ -21,7 +21,7 @@ An estimate, not a run: it assumes every slot busy (refilled as soon as it frees
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -63,6 +63,35 @@ def paper_alpha(draft: str | None, temperature: float, task: str = "EnDe", paper
 def _expected_tokens(alpha: float, gamma: int) -> float:
     """E(α, γ) = (1 - α^(γ+1)) / (1 - α) tokens per iteration (γ + 1 at α = 1; 1 for the target alone)."""
     return float(gamma + 1) if alpha >= 1.0 else (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+
+
+class _Built(Exception):
+    """Raised in place of running a ``SlotPrograms`` program; carries the jitted program (``args[0]``)."""
+
+
+def _capture_programs(programs: SlotPrograms) -> None:
+    """Makes ``programs`` hand over each program it builds (``SlotPrograms._jit``: ``jax.jit`` with the slots' in /
+    out shardings and donations) instead of running it: abstract TPU arrays cannot run here."""
+    real = programs._jit
+
+    def capture(*args, **kwargs):
+        jitted = real(*args, **kwargs)
+
+        def instead(*_, **__):
+            raise _Built(jitted)
+
+        return instead
+
+    programs._jit = capture
+
+
+def _program(call: Callable[[], Any]):
+    """The jitted program a ``SlotPrograms`` method call builds (``_capture_programs``), to trace and compile."""
+    try:
+        call()
+    except _Built as built:
+        return built.args[0]
+    raise RuntimeError("SlotPrograms ran a program instead of building one; its methods may have changed.")
 
 
 def _with_shardings(shapes, shardings):
@@ -206,12 +235,13 @@ def bulk_report(
         return record, compiled
 
     # --- empty: the slots' shapes and the shardings the program hands over --------------------------------------
-    make = jax.jit(lambda tp, dp: programs.empty(tp, dp, input_length))
+    _capture_programs(programs)
+    make = _program(lambda: programs.empty(tparams, dparams, input_length))
     record, compiled = compile_one("empty", lambda: make.trace(tparams, dparams))
     if compiled is None:
         return report
     slot_shardings = programs.slot_shardings(tparams, dparams, input_length)
-    slot_specs = _with_shardings(jax.eval_shape(make, tparams, dparams), slot_shardings)
+    slot_specs = _with_shardings(make.eval_shape(tparams, dparams), slot_shardings)
 
     # --- insert: m new inputs into their slots (slots donated) --------------------------------------------------
     def spec(shape_, dtype_):
@@ -228,10 +258,6 @@ def bulk_report(
         jax.tree_util.tree_map(lambda _: rows_sharding, jax.eval_shape(lambda: SamplingParams.broadcast(m))),
     )
 
-    def write(slots_, tokens, ids, keys, sampling_, tp, dp):
-        return programs.insert(tp, dp, slots_, tokens, ids, keys, sampling_)
-
-    insert = jax.jit(write, donate_argnums=(0,))
     args = (
         slot_specs,
         row_spec((m, input_length), jnp.int32),
@@ -241,6 +267,7 @@ def bulk_report(
         tparams,
         dparams,
     )
+    insert = _program(lambda: programs.insert(tparams, dparams, *args[:5]))
     record, compiled = compile_one("insert", lambda: insert.trace(*args))
     if compiled is not None:
         text = compiled.as_text()
@@ -256,12 +283,7 @@ def bulk_report(
     scalar = spec((), jnp.int32)
     layer_bytes = _cache_layer_bytes(tcfg, slots // data, programs.cache_length, model)
     for g in [gamma] + ([0] if target_alone and gamma > 0 else []):
-        run = jax.jit(
-            lambda slots_, min_done, max_iterations, tp, dp, g=g: programs.run(
-                tp, dp, slots_, g, min_done, max_iterations
-            ),
-            donate_argnums=(0,),
-        )
+        run = _program(lambda g=g: programs.run(tparams, dparams, slot_specs, g, 1, 1))
         record, compiled = compile_one(
             f"run_gamma_{g}", lambda run=run: run.trace(slot_specs, scalar, scalar, tparams, dparams)
         )
