@@ -20,38 +20,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-from jax.sharding import NamedSharding  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from specjax import aot, parallel  # noqa: E402
-
-
-def branch_trace(fns, params, mesh, rules, rows, input_length, length, k, width):
-    """A trace of one multi-draft verification: ``decode_branches`` of k windows of ``width`` tokens per row,
-    then ``commit_branch`` of one branch into the donated cache (what the loop runs per iteration)."""
-    wrapped = parallel._MeshT5Decoding(fns, mesh, rules)
-    batch = NamedSharding(mesh, P("data"))
-
-    def spec(x, logical):
-        return jax.ShapeDtypeStruct(
-            x.shape, x.dtype, sharding=NamedSharding(mesh, parallel.logical_to_mesh_spec(logical, rules, mesh))
-        )
-
-    tokens = jax.ShapeDtypeStruct((rows, input_length), jnp.int32, sharding=batch)
-    encoded = jax.eval_shape(wrapped.inner.encode, params, tokens)
-    encoded = jax.tree_util.tree_map(spec, encoded, parallel._encoded_axes(encoded))
-    cache = jax.eval_shape(lambda: wrapped.inner.init_cache(rows, length))
-    cache = jax.tree_util.tree_map(spec, cache, parallel._cache_axes(cache))
-    window_tokens = jax.ShapeDtypeStruct((rows, k, width), jnp.int32, sharding=batch)
-    positions = jax.ShapeDtypeStruct((rows,), jnp.int32, sharding=batch)
-
-    def verify(params, encoded, window, cache, positions, branch):
-        logits, kv = wrapped.inner.decode_branches(params, encoded, window, cache, positions)
-        return logits, wrapped.inner.commit_branch(cache, kv, branch, positions, width)
-
-    jitted = jax.jit(verify, donate_argnums=(3,))
-    return lambda: jitted.trace(params, encoded, window_tokens, cache, positions, positions)
 
 
 def main():
@@ -81,7 +51,7 @@ def main():
         if k is None:
             trace = aot._piece_trace(fns, params, mesh, rules, rows, s, length, width)
         else:
-            trace = branch_trace(fns, params, mesh, rules, rows, s, length, k, width)
+            trace = aot._branch_trace(fns, params, mesh, rules, rows, s, length, k, width)
         print(f"compiling {name} ...", flush=True)
         record, compiled = aot._compile(name, trace, chip.hbm_bytes)
         if compiled is None:

@@ -54,6 +54,37 @@ def add_parser(subparsers) -> None:
         help="whole programs to compile, comma-separated, or 'none' (default: both)",
     )
     p.add_argument("--no-pieces", action="store_true", help="skip the per-piece programs and the projections")
+    p.add_argument(
+        "--num-drafts",
+        type=int,
+        nargs="+",
+        default=[1],
+        metavar="K",
+        help="multi-draft: also compile the K-branch verification window and project the paper's rows with K "
+        "drafts (K in 1 2 4; default 1)",
+    )
+    p.add_argument(
+        "--branch-gammas",
+        type=int,
+        nargs="+",
+        default=None,
+        metavar="G",
+        help="γ values of the K-branch windows (default: every window's γ: --gamma and the paper rows' γ)",
+    )
+    p.add_argument(
+        "--bulk-slots",
+        type=int,
+        default=None,
+        metavar="N",
+        help="compile bulk decoding's programs instead (slot insert, the run loop at --gamma and the target alone) "
+        "for N slots: memory per chip, host transfers in the loop, tokens/s per chip from one iteration's HBM traffic",
+    )
+    p.add_argument(
+        "--alpha",
+        type=float,
+        default=None,
+        help="α for --bulk-slots' tokens per iteration (default: the paper's EnDe row for the draft and temperature)",
+    )
     p.add_argument("--json", default=None, metavar="PATH", help="also write the report as JSON")
     p.set_defaults(func=run)
 
@@ -67,6 +98,14 @@ def run(args) -> int:
         from specjax.cli._common import check_output_path
 
         check_output_path(args.json, "--json")  # before minutes of compiling
+    if args.bulk_slots is not None and args.bulk_slots < 1:
+        print(f"specjax aot: --bulk-slots must be at least 1, got {args.bulk_slots}.", file=sys.stderr)
+        return 2
+    if args.alpha is not None and not 0.0 <= args.alpha <= 1.0:
+        print(f"specjax aot: --alpha must be in [0, 1], got {args.alpha}.", file=sys.stderr)
+        return 2
+    if args.bulk_slots is not None:
+        return _run_bulk(args, aot)
     try:
         aot.require_libtpu()
         report = aot.compile_report(
@@ -84,6 +123,8 @@ def run(args) -> int:
             data_parallel=args.data_parallel,
             programs=() if args.programs == "none" else tuple(x.strip() for x in args.programs.split(",")),
             pieces=not args.no_pieces,
+            num_drafts=tuple(args.num_drafts),
+            branch_gammas=args.branch_gammas,
             log=lambda line: print(line, file=sys.stderr, flush=True),
         )
     except aot.LibtpuMissing as e:
@@ -98,3 +139,35 @@ def run(args) -> int:
         print(f"wrote {args.json}", file=sys.stderr)
     failed = [p["name"] for p in report["programs"] + list(report.get("pieces", {}).values()) if not p["compiled"]]
     return 1 if failed else 0
+
+
+def _run_bulk(args, aot) -> int:
+    """``--bulk-slots``: compiles and prints ``aot.bulk_report``; 2 when libtpu is missing."""
+    try:
+        aot.require_libtpu()
+        report = aot.bulk_report(
+            args.topology,
+            args.target,
+            None if args.draft.lower() == "none" else args.draft,
+            slots=args.bulk_slots,
+            gamma=args.gamma,
+            input_length=args.input_length,
+            output_length=args.output_length,
+            temperature=args.temperature,
+            verification=args.verifier,
+            mesh=args.mesh,
+            dtype=args.dtype,
+            alpha=args.alpha,
+            log=lambda line: print(line, file=sys.stderr, flush=True),
+        )
+    except aot.LibtpuMissing as e:
+        print(f"specjax aot: {e}", file=sys.stderr)
+        return 2
+    print(aot.format_bulk_report(report))
+    if args.json:
+        import json
+
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0 if all(p["compiled"] for p in report["programs"]) else 1

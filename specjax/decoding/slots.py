@@ -102,7 +102,8 @@ def target_body(target: DecodingModel, config: DecodeConfig, params, encoded, sa
 def _batch_axes(make, *args, rows: tuple[int, int] = (1, 2)):
     """The batch axis of every leaf of ``make(rows, *args)``'s pytree (found by comparing two row counts: 1 and 2,
     or two multiples of a mesh's data axis, which the activation constraints of a sharded model need)."""
-    one, two = jax.eval_shape(lambda: make(rows[0], *args)), jax.eval_shape(lambda: make(rows[1], *args))
+    one = jax.eval_shape(lambda *a: make(rows[0], *a), *args)  # args as arguments: abstract parameters work too
+    two = jax.eval_shape(lambda *a: make(rows[1], *a), *args)
 
     def axis(a, b):
         diff = [i for i, (x, y) in enumerate(zip(a.shape, b.shape)) if x != y]
@@ -233,8 +234,8 @@ class SlotPrograms:
 
     def _batch_axes(self, target_params, draft_params, width):
         d = self.row_multiple
-        make = lambda r: self._fresh_shapes(r, target_params, draft_params, width)  # noqa: E731
-        return _batch_axes(make, rows=(d, 2 * d))
+        make = lambda r, tp, dp: self._fresh_shapes(r, tp, dp, width)  # noqa: E731
+        return _batch_axes(make, target_params, draft_params, rows=(d, 2 * d))
 
     def slot_shardings(self, target_params, draft_params, width: int = 16):
         """The ``Slots`` of ``NamedSharding``s of the ``b`` slots on the mesh (None without one): every per-row
@@ -246,7 +247,9 @@ class SlotPrograms:
         if self._shardings is None:
             from specjax import parallel
 
-            shapes = jax.eval_shape(lambda: self._fresh_shapes(self.batch, target_params, draft_params, width))
+            shapes = jax.eval_shape(
+                lambda tp, dp: self._fresh_shapes(self.batch, tp, dp, width), target_params, draft_params
+            )
             axes = self._batch_axes(target_params, draft_params, width)
             per_row = lambda x, a: parallel.batch_sharding(self.mesh, len(x.shape), a)  # noqa: E731
             out = jax.tree.map(per_row, shapes, axes)
