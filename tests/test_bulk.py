@@ -217,3 +217,22 @@ def test_bench_batch_sizes_above_one_measure_the_bulk_path(mini):
     assert 0.0 < alpha <= 1.0
     assert 0 < m.spec_iterations <= spec_calls
     assert m.spec_seconds > 0 and m.base_seconds > 0
+
+
+def test_inserted_rows_are_encoded_as_each_row_alone(mini):
+    """``slots.encode_alone``: the encoder output of a row inserted with 7 others is, bit for bit, the row's
+    encoder output as a batch of one (a batched encode may round a row differently; DESIGN.md, "Bulk decoding
+    and company")."""
+    from specjax.decoding.model import as_decoding_model
+    from specjax.decoding.slots import encode_alone
+
+    target, _, rows = mini
+    fns, params = as_decoding_model(target, "target")
+    x = np.zeros((8, 64), np.int32)
+    for j, row in enumerate(rows[12:20]):
+        x[j, : len(row)] = row
+    got = jax.jit(lambda p, t: encode_alone(fns, p, t))(params, x)
+    for j in (0, 5):
+        alone = jax.jit(fns.encode)(params, x[j : j + 1])
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(alone)):
+            np.testing.assert_array_equal(np.asarray(a)[j], np.asarray(b)[0], err_msg=f"row {j}")

@@ -67,6 +67,29 @@ class Slots(NamedTuple):
     sampling: SamplingParams
 
 
+def encode_alone(model: DecodingModel, params, tokens):
+    """``model.encode(params, tokens)`` with every row encoded as a batch of one (``lax.map`` over the rows):
+    int32[m, S] -> the encoder output of m rows, each bit for bit what the row alone gives.
+
+    XLA:CPU's encoder program rounds a row's output differently when other rows share the call (the shipped small
+    pair: float32 from 2 rows, bfloat16 from 4 rows of width 64 on; every element of one cross-attention layer's
+    keys can move in the last bit), and a near-tie in the decoder then parts the greedy output of a line inserted
+    with others from the line decoded alone. Encoding each row alone keeps a line's output independent of the rows
+    inserted with it (DESIGN.md, "Bulk decoding and company"); the work is the same, in m calls of one row.
+    The batch axis of each output leaf is found from its shapes at 1 and 2 rows (0, or 1 for stacked layers).
+    """
+    one = jax.eval_shape(lambda t: model.encode(params, t), jax.ShapeDtypeStruct((1,) + tokens.shape[1:], tokens.dtype))
+    two = jax.eval_shape(lambda t: model.encode(params, t), jax.ShapeDtypeStruct((2,) + tokens.shape[1:], tokens.dtype))
+    axes = jax.tree.map(lambda a, b: next(i for i, (x, y) in enumerate(zip(a.shape, b.shape)) if x != y), one, two)
+    mapped = jax.lax.map(lambda row: model.encode(params, row[None]), tokens)  # leaves [m, ..., 1, ...]
+
+    def place(x, axis):  # [m, *shape with 1 at axis] -> shape with m at axis
+        return jnp.squeeze(jnp.moveaxis(x, 0, axis + 1), axis)
+
+    out = jax.tree.map(place, mapped, axes)
+    return out
+
+
 def target_body(target: DecodingModel, config: DecodeConfig, params, encoded, sampling: SamplingParams):
     """The target alone's iteration over slots, ``SpecState -> SpecState``: one token per unfinished row at its own
     position. The same per-row arithmetic as ``temperature_sample``'s step (``baseline.decode_step``, key split,
@@ -208,10 +231,15 @@ class SlotPrograms:
     def _fresh(self, rows: int, target_params, draft_params, tokens, keys, sampling) -> Slots:
         """The slot state of ``rows`` new inputs ``tokens`` int32[rows, S]: encoded, position 0, not done."""
         T, L, G = self.max_decode_length, self.cache_length, self.max_gamma
-        encoded = self.target.encode(target_params, tokens)
+        alone = self.mesh is None and rows > 1  # one device: each new row encoded as a batch of 1 (encode_alone)
+        encoded = (
+            encode_alone(self.target, target_params, tokens) if alone else self.target.encode(target_params, tokens)
+        )
         context, carry = None, None
         if self.draft is not None:
             context, carry = self.draft.start(draft_params, tokens, L)
+            if alone and hasattr(self.draft, "model"):  # a draft model: its encoder too (sampled draws use it)
+                context = encode_alone(self.draft.model, draft_params, tokens)
         state = SpecState(
             self.target.init_cache(rows, L),
             carry,
