@@ -44,7 +44,7 @@ def add_decoding_args(p: argparse.ArgumentParser, *, task: str, seed_help: str =
         "--max-decode-length",
         type=int,
         default=None,
-        help=f"output tokens per line at most (default: {D.max_decode_length[task]} for {task}; {lengths})",
+        help=f"output tokens per line at most (default: {lengths}; this command's: {task})",
     )
     p.add_argument("--seed", type=int, default=D.seed, help=f"{seed_help} (default {D.seed})")
     p.add_argument(

@@ -300,7 +300,7 @@ def install_interrupt_handler(command: str) -> None:
         if kept:
             what = "; ".join(kept) + " (rerun the same command to resume after them)"
         else:
-            what = "finished output was kept"
+            what = "no line was finished yet" if command == "generate" else "finished output was kept"
         _announce(f"specjax {command}: interrupted; {what}.")
         os._exit(INTERRUPT_EXIT)
 

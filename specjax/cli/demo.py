@@ -96,12 +96,26 @@ def run(args: argparse.Namespace) -> int:
 
     kept = cache_dir()
     where = f" (kept in {kept} for the next run)" if kept is not None else ""
-    first = (
-        f"compiling the decode programs{where}; each translation is printed as it comes (at gamma {DEMO_GAMMA[size]} "
-        "while gamma auto has no measured costs for this CPU: it measures them next), then both methods are timed..."
-        if args.gamma == "auto"
-        else f"compiling both decode programs{where}; each translation is printed as it comes, then both are timed..."
-    )
+    known = False
+    if args.gamma == "auto":  # γ auto's costs on disk from an earlier run: it chooses at once (measure_pair)
+        from specjax.decoder import Decoder
+
+        known = Decoder(target, draft, gamma="auto", max_decode_length=args.max_decode_length).costs_known(batches[0])
+    if args.gamma == "auto" and not known:
+        first = (
+            f"compiling the decode programs{where}; each translation is printed as it comes (at gamma "
+            f"{DEMO_GAMMA[size]} while gamma auto has no measured costs for this CPU: it measures them next), then "
+            "both methods are timed..."
+        )
+    elif args.gamma == "auto":
+        first = (
+            f"compiling the decode programs{where}; each translation is printed as it comes (gamma auto, from the "
+            "costs measured on this CPU before), then both methods are timed..."
+        )
+    else:
+        first = (
+            f"compiling both decode programs{where}; each translation is printed as it comes, then both are timed..."
+        )
     print(first, file=sys.stderr)
     bar = None
 

@@ -282,10 +282,15 @@ def run(args: argparse.Namespace) -> int:
         f"{args.temperature}, {settings['batch_size']} slots",
         file=report,
     )
-    print(
+    drafting = (
         f"acceptance rate alpha {s.alpha:.3f} (the paper's, per token), accepted/drafted {fraction:.3f}, "
-        f"tokens per target call {per_call:.2f}, {s.tokens_per_second:.1f} tokens/s, {s.lines / s.seconds:.2f} "
-        f"lines/s, first line after {s.first_line_seconds:.1f} s (wall time, compiles included)",
+        if s.drafted
+        else "no draft tokens (the target alone ran every line), "
+    )
+    print(
+        f"{drafting}tokens per target call {per_call:.2f}, {s.tokens_per_second:.1f} tokens/s, "
+        f"{s.lines / s.seconds:.2f} lines/s, first line after {s.first_line_seconds:.1f} s (wall time, compiles "
+        "included)",
         file=report,
     )
     if args.compare_baseline:
