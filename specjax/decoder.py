@@ -919,8 +919,9 @@ class Decoder:
         recent_lengths = self._lengths.setdefault(b, [])
         recent_lengths.append(lengths)
         del recent_lengths[:-_RECENT]
-        if gamma > 0:  # the first draft position's acceptance per iteration, by k (the joint choice's lift)
-            first = np.asarray(result.accepted_per_position, np.float64)[:, 0]
+        per_position = getattr(result, "accepted_per_position", None)
+        if gamma > 0 and per_position is not None:  # the first draft position's acceptance per call, by k (the lift)
+            first = np.asarray(per_position, np.float64)[:, 0]
             calls = np.asarray(result.num_target_calls, np.float64)
             for name, rows in (("greedy", temps <= 0), ("sampled", temps > 0)):
                 if rows.any() and calls[rows].sum() > 0:
