@@ -63,7 +63,9 @@ def main() -> None:
         x = np.zeros((1, bucket_length(len(row), 512, minimum=16)), np.int32)
         x[0, : len(row)] = row
         r = jax.device_get(
-            temperature_sample(target, x, rng=jax.random.PRNGKey(0), max_decode_length=args.max_decode_length)
+            temperature_sample(
+                target, x, rng=jax.random.PRNGKey(0), max_decode_length=args.max_decode_length, temperature=0.0
+            )
         )
         alone = r.sequences[0, : int(r.lengths[0])]
         if not np.array_equal(alone, got[i]):
