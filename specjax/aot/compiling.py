@@ -70,10 +70,10 @@ def _abstract_model(config: T5Config, sharding) -> t5.T5Model:
     return t5.T5Model(config, params)
 
 
-def _piece_trace(fns, params, mesh, rules, rows: int, input_length: int, length: int, window: int):
-    """A trace of one decode call ``fns.decode`` with ``window`` tokens per row, the loop's shardings (caches'
-    heads over "model" as ``rules`` say, rows over "data") and a cache of ``length`` slots; the cache is donated
-    (written in place, as in the loop)."""
+def _abstract_decode_inputs(fns, params, mesh, rules, rows: int, input_length: int, length: int):
+    """(the mesh-wrapped model, the rows' ``NamedSharding`` over "data", abstract encoder output and cache of
+    ``length`` slots) with the loop's shardings (rows over "data", heads over "model" as ``rules`` say): what the
+    decode pieces are traced on."""
     wrapped = parallel._MeshT5Decoding(fns, mesh, rules)
     batch = NamedSharding(mesh, P("data"))
 
@@ -87,6 +87,14 @@ def _piece_trace(fns, params, mesh, rules, rows: int, input_length: int, length:
     encoded = jax.tree_util.tree_map(spec, encoded, parallel._encoded_axes(encoded))
     cache = jax.eval_shape(lambda: wrapped.inner.init_cache(rows, length))
     cache = jax.tree_util.tree_map(spec, cache, parallel._cache_axes(cache))
+    return wrapped, batch, encoded, cache
+
+
+def _piece_trace(fns, params, mesh, rules, rows: int, input_length: int, length: int, window: int):
+    """A trace of one decode call ``fns.decode`` with ``window`` tokens per row, the loop's shardings (caches'
+    heads over "model" as ``rules`` say, rows over "data") and a cache of ``length`` slots; the cache is donated
+    (written in place, as in the loop)."""
+    wrapped, batch, encoded, cache = _abstract_decode_inputs(fns, params, mesh, rules, rows, input_length, length)
     window_tokens = jax.ShapeDtypeStruct((rows, window), jnp.int32, sharding=batch)
     positions = jax.ShapeDtypeStruct((rows,), jnp.int32, sharding=batch)
     jitted = jax.jit(wrapped.decode, donate_argnums=(3,))
@@ -235,19 +243,7 @@ def _branch_trace(fns, params, mesh, rules, rows: int, input_length: int, length
     of k windows of ``width`` tokens per row (int32[b, k, w] over the committed cache and the row's one encoder
     output), then ``commit_branch`` of one branch into the donated cache, with the loop's shardings (rows over
     "data", caches' heads over "model" as ``rules`` say)."""
-    wrapped = parallel._MeshT5Decoding(fns, mesh, rules)
-    batch = NamedSharding(mesh, P("data"))
-
-    def spec(x, logical):
-        return jax.ShapeDtypeStruct(
-            x.shape, x.dtype, sharding=NamedSharding(mesh, parallel.logical_to_mesh_spec(logical, rules, mesh))
-        )
-
-    tokens = jax.ShapeDtypeStruct((rows, input_length), jnp.int32, sharding=batch)
-    encoded = jax.eval_shape(wrapped.inner.encode, params, tokens)
-    encoded = jax.tree_util.tree_map(spec, encoded, parallel._encoded_axes(encoded))
-    cache = jax.eval_shape(lambda: wrapped.inner.init_cache(rows, length))
-    cache = jax.tree_util.tree_map(spec, cache, parallel._cache_axes(cache))
+    wrapped, batch, encoded, cache = _abstract_decode_inputs(fns, params, mesh, rules, rows, input_length, length)
     window_tokens = jax.ShapeDtypeStruct((rows, k, width), jnp.int32, sharding=batch)
     positions = jax.ShapeDtypeStruct((rows,), jnp.int32, sharding=batch)
 
