@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import subprocess
 import sys
@@ -231,29 +230,15 @@ def _finish(spec: str, proc, args) -> dict:
     return result
 
 
-def _vector_features() -> str:
-    """The CPU's vector features that decide the dtype paths (from /proc/cpuinfo's flags)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        flags = []
-    return ", ".join(x for x in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if x in flags) or "unknown"
-
-
 def _report(args, engines) -> None:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    from specjax.hardware import cpu_info
+
     lines = [
         f"# Bulk decoding: {os.path.basename(args.data or DATA)}, first {args.lines} lines, "
         + ("greedy" if args.temperature == 0 else f"temperature {args.temperature}")
         + f", batch {args.batch}",
         "",
-        f"CPU: {cpu}, {os.cpu_count()} cores ({_vector_features()}); load average {os.getloadavg()[0]:.1f} at the "
+        f"CPU: {cpu_info().describe()}; load average {os.getloadavg()[0]:.1f} at the "
         "end (the machine is shared: compare tokens per CPU-second). Shipped "
         f"{args.size} pair, dtype {args.dtype}, at most {args.max_decode_length} output tokens. Each engine in its "
         "own process; the second of two rounds in the process is reported (the first compiles); peak RSS is the "

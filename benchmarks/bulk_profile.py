@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -36,6 +35,7 @@ def main() -> None:
     import specjax
     from specjax.bench import profile
     from specjax.bulk import BulkDecoder
+    from specjax.hardware import cpu_info
     from specjax.cli._common import enable_caches
 
     enable_caches()
@@ -57,21 +57,13 @@ def main() -> None:
 
     prof = profile.profile_calls(call, 1)
     s = bulk.stats
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
-    vec = ", ".join(x for x in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if x in flags)
     limits = profile.machine_limits()
     costs = profile.model_costs(target)
     out = [
         f"# Profile of bulk decoding: {args.lines} newstest2014 lines, {args.batch} slots, γ {args.gamma}, "
         f"{target.config.dtype}",
         "",
-        f"CPU: {cpu}, {os.cpu_count()} cores ({vec}); load average at the start "
+        f"CPU: {cpu_info().describe()}; load average at the start "
         f"{os.getloadavg()[0]:.1f}. Command: `python benchmarks/bulk_profile.py {' '.join(sys.argv[1:])}`.",
         "",
         f"- one decode of the lines: {prof.call_ms / 1e3:.2f} s untraced ({tokens[0]} tokens, "
