@@ -35,8 +35,8 @@ def main() -> None:
     import specjax
     from specjax.bench import profile
     from specjax.bulk import BulkDecoder
-    from specjax.hardware import cpu_info
     from specjax.cli._common import enable_caches
+    from specjax.hardware import cpu_info
 
     enable_caches()
     target, draft, tok = specjax.load_default_pair(dtype=args.dtype)
