@@ -55,6 +55,9 @@ from typing import Callable, Iterable, Iterator, Sequence
 import jax
 import numpy as np
 
+from specjax.decoding import stored
+from specjax.decoding.stored import StoredJit
+
 __all__ = [
     "BulkDecoder",
     "BulkStats",
@@ -120,6 +123,17 @@ class BulkStats:
     target_calls: int = 0
     gammas: dict = dataclasses.field(default_factory=dict)
     reasons: list = dataclasses.field(default_factory=list)
+    programs_built: int = 0
+    programs_loaded: int = 0
+    program_seconds: float = 0.0
+    gamma_seconds: float = 0.0
+    first_step_seconds: float | None = None
+
+    @property
+    def decode_seconds(self) -> float:
+        """Wall seconds of the call less its program builds and loads (``program_seconds``) and γ auto's cost
+        measurement (``gamma_seconds``): the decode alone, comparable between a first and a later call."""
+        return max(self.seconds - self.program_seconds - self.gamma_seconds, 0.0)
 
     @property
     def alpha(self) -> float:
@@ -140,10 +154,19 @@ def _bucket(n: int, cap: int) -> int:
     return bucket_length(n, cap, minimum=16)
 
 
-@jax.jit
-def _line_keys(key, lines):
+def _fold_lines(key, lines):
     """uint32[m, 2]: ``fold_in(key, line)`` for every line index int32[m]."""
     return jax.vmap(lambda i: jax.random.fold_in(key, i))(lines)
+
+
+_line_keys = StoredJit(_fold_lines, name="line_keys")
+
+
+def _bar_status(bar, text: str | None) -> None:
+    """Shows ``text`` as the progress bar's description (None: back to its own)."""
+    if not hasattr(bar, "_own_desc"):
+        bar._own_desc = bar.desc
+    bar.set_description_str(bar._own_desc if text is None else f"{bar._own_desc}: {text}", refresh=True)
 
 
 def _group_size(rows: int, refill: int, b: int, multiple: int) -> int:
@@ -383,6 +406,7 @@ class BulkDecoder:
         self.stats = BulkStats()
         self._programs = None
         self._gamma_now = None
+        self._status = None
 
     def _place_on(self, mesh) -> None:
         """Checks the mesh and places the parameters on it (target split by the rules, draft replicated)."""
@@ -519,22 +543,48 @@ class BulkDecoder:
             options.update(progress if isinstance(progress, dict) else {})
             bar = tqdm(**options)
         pairs = process_share(enumerate(inputs, start_index), me, count)
+        self._status = (lambda text: _bar_status(bar, text)) if bar is not None else None
         stream = self._decode(pairs, key, temperature, top_k, top_p, t0)
         if count > 1:
             stream = merge_processes(stream, exchange, self.read_ahead * self.batch_size, self.max_decode_length)
+        first = True
         try:
-            for r in stream:
-                if bar is not None:
-                    bar.update(1)
-                    alpha = f"{stats.alpha:.2f}" if stats.verified else "-"
-                    bar.set_postfix_str(
-                        f"{stats.tokens_per_second:.0f} tok/s, α {alpha}, γ {self._gamma_now}", refresh=False
-                    )
-                yield r
+            with stored.listening(self._on_program):
+                for r in stream:
+                    if bar is not None:
+                        if first:  # no estimate until lines flow: the rate counts from the first line on
+                            _bar_status(bar, None)
+                            bar.start_t = bar.last_print_t = bar._time()
+                            first = False
+                        bar.update(1)
+                        alpha = f"{stats.alpha:.2f}" if stats.verified else "-"
+                        bar.set_postfix_str(
+                            f"{stats.tokens_per_second:.0f} tok/s, α {alpha}, γ {self._gamma_now}", refresh=False
+                        )
+                    yield r
         finally:
             stats.seconds = time.perf_counter() - t0
             if bar is not None:
                 bar.close()
+
+    def _on_program(self, name: str, what: str) -> None:
+        """``stored.listening``'s callback: counts this call's program builds and loads, and says on the progress
+        bar what is being built."""
+        stats = self.stats
+        if what in ("building", "loading"):
+            self._program_t0 = time.perf_counter()
+            done = stats.programs_built + stats.programs_loaded
+            verb = "building" if what == "building" else "loading"
+            if self._status is not None:
+                self._status(f"{verb} program {done + 1} ({name}; {stats.programs_built} built so far)")
+            return
+        stats.program_seconds += time.perf_counter() - getattr(self, "_program_t0", time.perf_counter())
+        if self._status is not None:
+            self._status(None)
+        if what == "loaded":
+            stats.programs_loaded += 1
+        else:
+            stats.programs_built += 1
 
     def _decode(self, pairs: Iterator, key, temperature, top_k, top_p, t0: float) -> Iterator[LineResult]:
         """This process's decode: ``pairs`` (index, row) through the slots, ``LineResult`` in the order of
@@ -616,6 +666,8 @@ class BulkDecoder:
             # --- run until enough slots are free -------------------------------------------------------------
             more = bool(pending) or not exhausted
             idle = b - busy
+            if stats.first_step_seconds is None:
+                stats.first_step_seconds = time.perf_counter() - t0
             min_done = min(b, idle + self.refill) if more else b
             slots, iterations, done = self._programs.run(
                 self.target_params, self.draft_params, slots, gamma_now, min_done, self.max_decode_length
@@ -686,6 +738,13 @@ class BulkDecoder:
         and width ``width`` (measured once per machine and shape, ``Decoder.costs_for``)."""
         if self.decoder is None:
             return int(self.gamma)
+        t0 = time.perf_counter()
+        try:
+            return self._choose_first(take, width, greedy)
+        finally:
+            self.stats.gamma_seconds += time.perf_counter() - t0
+
+    def _choose_first(self, take, width: int, greedy: float) -> int:
         if self.decoder.candidates == (0,):
             self.max_gamma = 0
             self.stats.reasons.append("auto: no draft, the target alone")
@@ -695,6 +754,8 @@ class BulkDecoder:
         for j in range(b):
             row = take[j % len(take)][1]
             probe[j, : len(row)] = row
+        if self._status is not None and not self.decoder.costs_known(probe):
+            self._status("measuring γ auto's costs (once per machine, models and shape)")
         g, why = self._choose(probe, greedy, self.decoder.candidates)
         self.stats.reasons.append(why)
         if g == 0:

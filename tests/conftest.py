@@ -24,6 +24,10 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 else:
     _OWN_CACHE_DIR = None
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+# The compiled programs specjax keeps (specjax.decoding.stored) and γ auto's measured costs: one directory for the
+# run, shared the same way (a test that needs a cache of its own sets SPECJAX_CACHE_DIR itself).
+if "SPECJAX_CACHE_DIR" not in os.environ:
+    os.environ["SPECJAX_CACHE_DIR"] = os.path.join(os.environ["JAX_COMPILATION_CACHE_DIR"], "specjax")
 
 import jax  # noqa: E402  (after the cache variables, which jax reads at import)
 import pytest
@@ -80,6 +84,9 @@ def _free_compiled_programs():
     """
     yield
     jax.clear_caches()
+    from specjax.decoding import stored
+
+    stored.clear_memory()  # the programs loaded or built here: the next module loads them from disk
 
 
 def pytest_collection_modifyitems(session, config, items):

@@ -28,6 +28,8 @@ __all__ = [
     "install_interrupt_handler",
     "quiet_libtpu",
     "enable_caches",
+    "phase_line",
+    "process_seconds",
     "cache_settings",
     "flush_stdout",
     "discard_stdout",
@@ -372,6 +374,25 @@ def _cpu_tag() -> str:
 
     info = cpu_info()
     return hashlib.sha256(f"{info.model}|{' '.join(sorted(info.flags))}".encode()).hexdigest()[:12]
+
+
+def process_seconds() -> float | None:
+    """Wall seconds since this process started (Linux: ``/proc/self/stat``'s start time against
+    ``/proc/uptime``); None where that cannot be read."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return max(uptime - start_ticks / os.sysconf("SC_CLK_TCK"), 0.0)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def phase_line(phases: dict) -> str:
+    """``{"import": 1.2, "load": 0.8, ...}`` (seconds, None skipped) -> "phases: import 1.2 s, load 0.8 s, ..."."""
+    parts = [f"{name} {sec:.1f} s" for name, sec in phases.items() if sec is not None]
+    return "phases: " + ", ".join(parts)
 
 
 def enable_caches(cache_dir: str | None = None, no_cache: bool = False) -> dict:

@@ -219,8 +219,13 @@ def run(args: argparse.Namespace) -> int:
             f"{'stdin' if args.input == '-' else args.input} has no lines; nothing to decode (one input per line)."
         )
     import contextlib
+    import time
 
     from specjax import parallel
+    from specjax.cli._common import phase_line, process_seconds
+
+    started = process_seconds()  # import, argument checks and reading the input: before this
+    t_run = time.perf_counter()
 
     mesh = None
     if args.data_parallel or args.mesh:  # before anything touches a device
@@ -237,8 +242,12 @@ def run(args: argparse.Namespace) -> int:
     from specjax.cli import draft_source, speculative_kwargs
 
     spec_kwargs = speculative_kwargs(args)
+    if writer:
+        print("loading the models ...", file=report, flush=True)
+    t_load = time.perf_counter()
     with parallel.host_loading() if mesh is not None else contextlib.nullcontext():  # a mesh places the slices
         target, draft, tokenizer = _load(args)
+    load_seconds = time.perf_counter() - t_load
     draft = draft_source(args, draft)
     rows = encode_lines(tokenizer, lines[done:], args.prefix, args.max_input_length, args.truncate, first=done)
     blank = {i for i in range(done, len(lines)) if not lines[i].strip()}  # empty in, empty out (line alignment)
@@ -259,11 +268,14 @@ def run(args: argparse.Namespace) -> int:
     sampling = dict(rng=args.seed, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, start_index=done)
     bulk = BulkDecoder(target, draft, gamma=args.gamma, **spec_kwargs, **settings)
     out, dropped = OutputLines(args.output) if writer else None, [0]  # the file is created with its first line
+    write_seconds = 0.0
     try:
         progress = dict(total=len(lines), initial=done)
         for r in bulk.generate(rows, progress=progress, **sampling):
             if out is not None:  # flushed: a rerun resumes after it
+                t_write = time.perf_counter()
                 out.write(["" if r.index in blank else output_text(tokenizer, r.tokens, dropped)])
+                write_seconds += time.perf_counter() - t_write
     finally:
         if out is not None:
             out.close()
@@ -271,6 +283,25 @@ def run(args: argparse.Namespace) -> int:
     if args.verbose:
         for reason in s.reasons:
             print(reason, file=report)
+        to_step = (
+            None
+            if started is None or s.first_step_seconds is None
+            else (started + (time.perf_counter() - t_run) - (s.seconds - s.first_step_seconds))
+        )
+        print(
+            phase_line(
+                {
+                    "import": started,
+                    "load": load_seconds,
+                    f"programs ({s.programs_built} built, {s.programs_loaded} loaded)": s.program_seconds,
+                    "γ auto": s.gamma_seconds,
+                    "decode": s.decode_seconds - write_seconds,
+                    "write": write_seconds,
+                    "process start to first decode step": to_step,
+                }
+            ),
+            file=report,
+        )
     gammas = ", ".join(f"γ {g}: {n}" for g, n in sorted(s.gammas.items()))
     fraction = s.accepted / s.drafted if s.drafted else float("nan")
     per_call = s.tokens / s.target_calls if s.target_calls else float("nan")
@@ -298,9 +329,14 @@ def run(args: argparse.Namespace) -> int:
         for _ in base.generate(rows, **sampling):
             pass
         b = base.stats
+        # Like with like: each side's decode time, its program builds / loads and γ auto's measuring left out
+        # (one side may have built its programs in this run while the other loaded them from disk).
         print(
-            f"baseline (the target alone, same slots) {b.tokens_per_second:.1f} tokens/s, speedup "
-            f"{b.seconds / s.seconds:.2f}x (wall time, same inputs)",
+            f"baseline (the target alone, same slots) {b.tokens / max(b.decode_seconds, 1e-9):.1f} tokens/s, "
+            f"speculative {s.tokens / max(s.decode_seconds, 1e-9):.1f} tokens/s, speedup "
+            f"{b.decode_seconds / max(s.decode_seconds, 1e-9):.2f}x (decode time of the same inputs, both sides' "
+            f"program builds and loads left out: {s.program_seconds + s.gamma_seconds:.1f} s speculative, "
+            f"{b.program_seconds:.1f} s baseline)",
             file=report,
         )
     if dropped[0]:

@@ -43,6 +43,7 @@ from specjax.decoding.inputs import DecodeConfig, split_rows, target_cache_lengt
 from specjax.decoding.loop import SpecState, speculative_body
 from specjax.decoding.model import DecodingModel
 from specjax.decoding.result import Counters
+from specjax.decoding.stored import StoredJit
 from specjax.decoding.xla_cpu import cpu_compiler_options, program_platform, weights_dtype
 from specjax.sampling import SamplingParams
 
@@ -213,6 +214,10 @@ class SlotPrograms:
         self._widen = None
         self._shardings = None  # the slots' NamedShardings (the same for every encoder width)
         self._collect = None
+        devices = None if mesh is None else [d.id for d in mesh.devices.flat]
+        self._identity = repr(
+            (target, draft, batch, max_decode_length, self.max_gamma, eos_id, verification, devices, self.rules)
+        )
 
     _shared: dict = {}
 
@@ -290,19 +295,25 @@ class SlotPrograms:
             self._shardings = out
         return self._shardings
 
-    def _jit(self, fn, slots_in, slots_out, params, *, n_host: int, **kwargs):
-        """``jax.jit(fn)`` with in/out shardings on the mesh: ``fn(slots, *host_args, target_params,
-        draft_params)``; ``slots_in`` / ``slots_out`` the slots' shardings (None: not an argument / output
-        other than slots), ``n_host`` small host arguments (replicated), parameters where they are placed."""
+    def _stored(self, fn, name: str, **kwargs) -> StoredJit:
+        """``jax.jit(fn, **kwargs)`` kept on disk (``specjax.decoding.stored``), keyed by these slots' models and
+        settings (``name`` tells the programs of one ``SlotPrograms`` apart)."""
+        return StoredJit(fn, name=f"slots.{name}", identity=f"{name}|{self._identity}", **kwargs)
+
+    def _jit(self, fn, slots_in, slots_out, params, *, n_host: int, name: str, **kwargs):
+        """``jax.jit(fn)`` (kept on disk, ``_stored``) with in/out shardings on the mesh: ``fn(slots, *host_args,
+        target_params, draft_params)``; ``slots_in`` / ``slots_out`` the slots' shardings (None: not an argument /
+        output other than slots), ``n_host`` small host arguments (replicated), parameters where they are
+        placed."""
         if self.mesh is None:
-            return jax.jit(fn, **kwargs)
+            return self._stored(fn, name, **kwargs)
         from jax.sharding import NamedSharding
         from jax.sharding import PartitionSpec as P
 
         replicated = NamedSharding(self.mesh, P())
         placed = lambda tree: jax.tree.map(lambda x: x.sharding, tree)  # noqa: E731
         ins = ((slots_in,) if slots_in is not None else ()) + (replicated,) * n_host + tuple(map(placed, params))
-        return jax.jit(fn, in_shardings=ins, out_shardings=slots_out, **kwargs)
+        return self._stored(fn, name, in_shardings=ins, out_shardings=slots_out, **kwargs)
 
     # --- programs ---------------------------------------------------------------------------------------------
     def empty(self, target_params, draft_params, width: int) -> Slots:
@@ -310,20 +321,23 @@ class SlotPrograms:
         if width not in self._empty:
 
             def make(target_params, draft_params):
+                # Zeros of the slot state's shapes (an empty slot is done: its values are never read into a
+                # live row, and the encoders need not run), pad outputs, greedy sampling.
                 b = self.batch
-                tokens = jnp.full((b, width), self.target.pad_id, jnp.int32)
-                slots = self._fresh(
-                    b,
-                    target_params,
-                    draft_params,
-                    tokens,
-                    jnp.zeros((b, 2), jnp.uint32),
-                    SamplingParams.broadcast(b, 0.0),
+                shapes = jax.eval_shape(
+                    lambda tp, dp: self._fresh_shapes(b, tp, dp, width), target_params, draft_params
                 )
-                return slots._replace(state=slots.state._replace(done=jnp.ones((b,), bool)))
+                slots = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
+                state = slots.state._replace(
+                    sequences=jnp.full((b, self.max_decode_length), self.target.pad_id, jnp.int32),
+                    done=jnp.ones((b,), bool),
+                )
+                return slots._replace(state=state, sampling=SamplingParams.broadcast(b, 0.0))
 
             out = self.slot_shardings(target_params, draft_params, width)
-            self._empty[width] = self._jit(make, None, out, (target_params, draft_params), n_host=0)
+            self._empty[width] = self._jit(
+                make, None, out, (target_params, draft_params), n_host=0, name=f"empty[{width}]"
+            )
         return self._empty[width](target_params, draft_params)
 
     def widen(self, target_params, draft_params, slots: Slots, width: int) -> Slots:
@@ -333,7 +347,11 @@ class SlotPrograms:
         wider = self.empty(target_params, draft_params, width)
         if self._widen is None:
             sh = self.slot_shardings(target_params, draft_params, width)
-            self._widen = jax.jit(_widen) if sh is None else jax.jit(_widen, in_shardings=(sh, sh), out_shardings=sh)
+            self._widen = (
+                self._stored(_widen, "widen")
+                if sh is None
+                else self._stored(_widen, "widen", in_shardings=(sh, sh), out_shardings=sh)
+            )
         return self._widen(slots, wider)
 
     def insert(self, target_params, draft_params, slots: Slots, tokens, slot_ids, keys, sampling) -> Slots:
@@ -359,9 +377,9 @@ class SlotPrograms:
             )
         key = (m, width)
         if key not in self._insert:
-            axes = self._batch_axes(target_params, draft_params, width)
 
             def write(slots, tokens, slot_ids, keys, sampling, target_params, draft_params):
+                axes = self._batch_axes(target_params, draft_params, width)  # traced here: a loaded program skips it
                 new = self._fresh(tokens.shape[0], target_params, draft_params, tokens, keys, sampling)
 
                 def put(old, fresh, axis):
@@ -378,7 +396,9 @@ class SlotPrograms:
                 return jax.tree.map(put, slots, new, axes_all, is_leaf=lambda x: x is None)
 
             sh = self.slot_shardings(target_params, draft_params, width)
-            self._insert[key] = self._jit(write, sh, sh, (target_params, draft_params), n_host=4, donate_argnums=(0,))
+            self._insert[key] = self._jit(
+                write, sh, sh, (target_params, draft_params), n_host=4, name=f"insert[{m}x{width}]", donate_argnums=(0,)
+            )
         return self._insert[key](slots, tokens, slot_ids, keys, sampling, target_params, draft_params)
 
     def run(self, target_params, draft_params, slots: Slots, gamma: int, min_done: int, max_iterations: int):
@@ -443,6 +463,7 @@ class SlotPrograms:
                 sh,
                 (target_params, draft_params),
                 n_host=2,
+                name=f"run[gamma {gamma}]",
                 donate_argnums=(0,),
                 compiler_options=options,
             )
@@ -455,14 +476,16 @@ class SlotPrograms:
         float32[m]. Only these rows leave the devices."""
         if self._collect is None:
             if self.mesh is None:
-                self._collect = jax.jit(_collect)
+                self._collect = self._stored(_collect, "collect")
             else:
                 from jax.sharding import NamedSharding
                 from jax.sharding import PartitionSpec as P
 
                 replicated = NamedSharding(self.mesh, P())
                 sh = self.slot_shardings(None, None)  # made by ``empty`` before any slot exists
-                self._collect = jax.jit(_collect, in_shardings=(sh, replicated), out_shardings=replicated)
+                self._collect = self._stored(
+                    _collect, "collect", in_shardings=(sh, replicated), out_shardings=replicated
+                )
         return jax.device_get(self._collect(slots, slot_ids))
 
 

@@ -52,6 +52,8 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
+from specjax.decoding.stored import StoredJit
+
 __all__ = [
     "FEW_ROW_DOTS_MODE",
     "few_row_dots",
@@ -171,7 +173,8 @@ class TunedJit:
         batch: Callable[..., int] = lambda *a: 1,
     ):
         self._fn, self._static, self._rows, self._params, self._batch = fn, static_argnums, rows, params, batch
-        self.plain = jax.jit(fn, static_argnums=static_argnums)
+        name = getattr(fn, "__name__", "program")
+        self.plain = StoredJit(fn, name=name, static_argnums=static_argnums)
         self._tuned: dict[tuple, Callable] = {}
 
     def _pick(self, args):
@@ -185,7 +188,8 @@ class TunedJit:
             return self.plain
         key = tuple(sorted(options.items()))
         if key not in self._tuned:
-            self._tuned[key] = jax.jit(self._fn, static_argnums=self._static, compiler_options=options)
+            name = getattr(self._fn, "__name__", "program")
+            self._tuned[key] = StoredJit(self._fn, name=name, static_argnums=self._static, compiler_options=options)
         return self._tuned[key]
 
     def __call__(self, *args):
