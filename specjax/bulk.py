@@ -681,7 +681,7 @@ class BulkDecoder:
             new_alpha = [0.0, 0]
             out_lengths = []
             if ended:
-                m = _group_size(len(ended), 1, b, self._programs.row_multiple)
+                m = b  # one collect program for every count (b rows of T tokens: a few kB)
                 got = self._programs.collect(slots, np.array(ended + [ended[0]] * (m - len(ended)), np.int32))
                 for j, s in enumerate(ended):
                     n = int(got["lengths"][j])

@@ -185,3 +185,23 @@ def test_a_second_process_builds_no_bulk_program_and_decodes_the_same(tmp_path, 
         assert any(n.startswith("slots.run") for n in built) and any(n.startswith("slots.insert") for n in built)
         assert [e for e in second["events"] if e[1] != "loaded"] == []
         assert sorted(n for n, _ in second["events"]) == sorted(n for n, _ in first["events"])
+
+
+def test_a_users_class_is_keyed_by_its_source_file(cache, tmp_path, monkeypatch):
+    """A model class of one's own whose code changes while its ``repr`` does not is a new key (its file's digest
+    is part of the key): an edited model is never served the old program."""
+    import importlib
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    src = tmp_path / "my_model_for_stored.py"
+    body = "import dataclasses\n@dataclasses.dataclass(frozen=True)\nclass Model:\n    width: int = 8\n    # {}\n"
+    x, w, s = _args()
+    since = len(stored.events())
+    for version in ("one", "one", "two"):
+        src.write_text(body.format(version))
+        sys.modules.pop("my_model_for_stored", None)
+        stored._file_digests.clear()  # as a new process, which reads the file again
+        stored.clear_memory()
+        module = importlib.import_module("my_model_for_stored")
+        stored.StoredJit(_make_step(), name="step", identity=("v1", module.Model()))(x, w, s)
+    assert [e.how for e in stored.events(since)] == ["built", "loaded", "built"]

@@ -215,9 +215,8 @@ class SlotPrograms:
         self._shardings = None  # the slots' NamedShardings (the same for every encoder width)
         self._collect = None
         devices = None if mesh is None else [d.id for d in mesh.devices.flat]
-        self._identity = repr(
-            (target, draft, batch, max_decode_length, self.max_gamma, eos_id, verification, devices, self.rules)
-        )
+        self._identity = (target, draft, batch, max_decode_length, self.max_gamma, eos_id, verification, devices)
+        self._identity += (self.rules,)
 
     _shared: dict = {}
 
@@ -298,7 +297,7 @@ class SlotPrograms:
     def _stored(self, fn, name: str, **kwargs) -> StoredJit:
         """``jax.jit(fn, **kwargs)`` kept on disk (``specjax.decoding.stored``), keyed by these slots' models and
         settings (``name`` tells the programs of one ``SlotPrograms`` apart)."""
-        return StoredJit(fn, name=f"slots.{name}", identity=f"{name}|{self._identity}", **kwargs)
+        return StoredJit(fn, name=f"slots.{name}", identity=(name, self._identity), **kwargs)
 
     def _jit(self, fn, slots_in, slots_out, params, *, n_host: int, name: str, **kwargs):
         """``jax.jit(fn)`` (kept on disk, ``_stored``) with in/out shardings on the mesh: ``fn(slots, *host_args,

@@ -54,6 +54,7 @@ __all__ = [
     "listening",
     "program_dir",
     "environment_key",
+    "foreign_code",
     "clear_memory",
 ]
 
@@ -154,6 +155,61 @@ def _code_digest() -> str:
     return _code_digest_value
 
 
+_file_digests: dict[str, str] = {}
+_OWN_MODULES = ("specjax", "jax", "jaxlib", "numpy", "builtins", "flax", "ml_dtypes")
+
+
+def foreign_code(obj, depth: int = 4) -> list[str]:
+    """Digests of the source files that define the classes (and functions) found in ``obj`` outside specjax and
+    its libraries: a user's own ``DecodingModel`` or draft source, whose behaviour its ``repr`` does not show.
+    Walks tuples, lists, dicts and dataclass fields ``depth`` levels deep. A class without a source file gives
+    its qualified name only."""
+    import dataclasses
+    import inspect
+
+    found: set[str] = set()
+
+    def note(thing):
+        module = getattr(thing, "__module__", "") or ""
+        if module.split(".")[0] in _OWN_MODULES:
+            return
+        try:
+            path = inspect.getsourcefile(thing)
+        except (TypeError, OSError):
+            path = None
+        if path is None:
+            found.add(f"{module}.{getattr(thing, '__qualname__', '?')}")
+            return
+        if path not in _file_digests:
+            try:
+                _file_digests[path] = hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+            except OSError:
+                _file_digests[path] = "unreadable"
+        found.add(f"{path}:{_file_digests[path]}")
+
+    def walk(x, level):
+        if level < 0 or x is None or isinstance(x, (str, bytes, int, float, bool)):
+            return
+        if isinstance(x, (tuple, list)):
+            for y in x:
+                walk(y, level - 1)
+            return
+        if isinstance(x, dict):
+            for y in x.values():
+                walk(y, level - 1)
+            return
+        if callable(x) and not isinstance(x, type) and hasattr(x, "__code__"):
+            note(x)
+            return
+        note(type(x))
+        if dataclasses.is_dataclass(x) and not isinstance(x, type):
+            for f in dataclasses.fields(x):
+                walk(getattr(x, f.name, None), level - 1)
+
+    walk(obj, depth)
+    return sorted(found)
+
+
 def environment_key() -> str:
     """Everything outside a program's own description that changes what it compiles to (the module
     docstring): versions, backend, devices, CPU, XLA flags, lowering settings and specjax's source digest."""
@@ -243,9 +299,10 @@ class StoredJit:
     Args:
       fn: the function (its arguments: arrays, pytrees of arrays, and the static ones).
       name: a short name for progress lines and events ("slots.run", "speculative_sample").
-      identity: everything ``fn`` closes over that changes its program, as a string (``repr`` of frozen
-        dataclasses, ints, strings); static arguments are added per call. A string naming a memory address
-        (" at 0x") turns the disk off for this function (memory only).
+      identity: everything ``fn`` closes over that changes its program: an object whose ``repr`` tells it (frozen
+        dataclasses, tuples, ints, strings); static arguments are added per call. The source files of classes
+        found in it (and in the static arguments) outside specjax are part of the key (``foreign_code``). A
+        ``repr`` naming a memory address (" at 0x") turns the disk off for this function (memory only).
       static_argnums: as ``jax.jit``.
       **jit_kwargs: as ``jax.jit`` (donate_argnums, in_shardings, out_shardings, compiler_options).
 
@@ -254,7 +311,7 @@ class StoredJit:
     """
 
     def __init__(
-        self, fn: Callable, *, name: str, identity: str = "", static_argnums: Sequence[int] = (), **jit_kwargs
+        self, fn: Callable, *, name: str, identity: Any = "", static_argnums: Sequence[int] = (), **jit_kwargs
     ):
         self._fn, self.name = fn, name
         self._static = tuple(static_argnums)
@@ -263,7 +320,8 @@ class StoredJit:
         options = {k: v for k, v in sorted(jit_kwargs.items())}
         module = getattr(fn, "__module__", "")
         qual = getattr(fn, "__qualname__", getattr(fn, "__name__", type(fn).__name__))
-        self._identity = f"{module}.{qual}|{identity}|{options!r}"
+        text = identity if isinstance(identity, str) else repr(identity)
+        self._identity = f"{module}.{qual}|{text}|{options!r}|{foreign_code(identity)}"
         self._local: dict = {}  # cheap signature -> Compiled
         _instances.add(self)
 
@@ -310,7 +368,7 @@ class StoredJit:
         text = "\n".join(
             [
                 self._identity,
-                f"static={static!r}",
+                f"static={static!r}|{foreign_code(static)}",
                 f"tree={treedef}",
                 *(_leaf_text(x) for x in leaves),
                 _environment(),
