@@ -477,8 +477,7 @@ class BulkDecoder:
         decoder = self.decoder
         costs = decoder.costs_for(tokens)
         alpha = decoder.alpha(greedy)
-        lengths = [x for xs in decoder._lengths.values() for x in xs]
-        mean = float(np.mean(np.concatenate(lengths))) if lengths else max(self.max_decode_length / 4, 1.0)
+        mean = decoder.mean_length() or max(self.max_decode_length / 4, 1.0)
         rates = self._rates(costs, alpha, mean, [g for g in kinds if g <= costs.max_gamma])
         best = max(rates, key=rates.get)
         last = self._gamma_now
@@ -703,11 +702,7 @@ class BulkDecoder:
             # --- learn (γ auto) --------------------------------------------------------------------------------
             if self.decoder is not None and out_lengths:
                 d = self.decoder
-                if new_alpha[1]:
-                    d._alpha["greedy" if greedy else "sampled"].add(new_alpha[0], float(new_alpha[1]))
-                recent = d._lengths.setdefault(b, [])
-                recent.append(np.asarray(out_lengths, np.int64))
-                del recent[:-8]
+                d.observe(bool(greedy), new_alpha[0], new_alpha[1], out_lengths, b)
                 if gamma_now > 0 and stats.runs % RECHOOSE_EVERY == 0:
                     probe = np.full((b, slot_width), pad, np.int32)
                     probe[:, 0] = self.eos_id

@@ -632,6 +632,21 @@ class Decoder:
         """The running α for a call whose rows are ``greedy_fraction`` greedy (temperature 0), the rest sampled."""
         return greedy_fraction * self._alpha["greedy"].value + (1 - greedy_fraction) * self._alpha["sampled"].value
 
+    def observe(self, greedy: bool, beta_sum: float, num_verified: float, lengths, batch: int) -> None:
+        """Learns from finished rows decoded elsewhere (a bulk decode's slots, ``specjax.bulk``): adds their α sums
+        (Σβ over ``num_verified`` verified positions, Leviathan et al. 2023 §3.1) to the running α of greedy or
+        sampled rows, and their output lengths int[n] (tokens) to the recent lengths at ``batch`` rows."""
+        if num_verified:
+            self._alpha["greedy" if greedy else "sampled"].add(float(beta_sum), float(num_verified))
+        recent = self._lengths.setdefault(batch, [])
+        recent.append(np.asarray(lengths, np.int64))
+        del recent[:-_RECENT]
+
+    def mean_length(self) -> float | None:
+        """The mean output length (tokens) of the recent rows at every batch size, None before any."""
+        lengths = [x for xs in self._lengths.values() for x in xs]
+        return float(np.mean(np.concatenate(lengths))) if lengths else None
+
     def _cost_key(self, tokens: np.ndarray) -> str:
         b, s = tokens.shape
         return hardware.CostCache.key(

@@ -397,8 +397,8 @@ def phase_line(phases: dict) -> str:
 
 def enable_caches(cache_dir: str | None = None, no_cache: bool = False) -> dict:
     """Turns on, for this process, what ``cache_settings`` names: JAX's persistent compilation cache (programs
-    that took 0.2 s or more to compile: the decode loops, their pieces, the encoder; ``JAX_PERSISTENT_CACHE_MIN_
-    COMPILE_TIME_SECS`` overrides) and the costs file's location (``SPECJAX_CACHE_DIR``, read by
+    however quick to compile; ``JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS`` overrides; the decode programs are
+    kept whole, traced and lowered, by ``specjax.decoding.stored`` under the same root) and the costs file's location (``SPECJAX_CACHE_DIR``, read by
     ``specjax.hardware.cache_dir``; "off" when disabled). A cached program is the same program (the key is its HLO,
     the compile options and the jax/XLA versions): results do not depend on the cache. A cache directory that
     cannot be created or written (a read-only home) turns XLA's cache off for the run instead of failing it, as
@@ -421,5 +421,7 @@ def enable_caches(cache_dir: str | None = None, no_cache: bool = False) -> dict:
     jax.config.update("jax_enable_compilation_cache", True)
     jax.config.update("jax_compilation_cache_dir", settings["xla"])
     if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
+        # Every program, however quick to compile: a warm run then compiles none of the small ones either (the
+        # decode programs themselves are kept whole, traced and lowered, by specjax.decoding.stored).
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     return settings
