@@ -31,6 +31,11 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from specjax.bulk import BulkDecoder
+from specjax.decoding import speculative_sample, temperature_sample
+from specjax.decoding.inputs import bucket_length, pad_batch
+from specjax.tokenizer import Tokenizer, as_tokenizer
+
 __all__ = [
     "SeqioDecodeResult",
     "seqio_decode",
@@ -122,8 +127,6 @@ def task_tokenizer(task):
       ValueError: the Task has no ``inputs`` feature (a decoder-only Task: specjax decodes encoder-decoder
         T5), its ``inputs`` and ``targets`` vocabularies differ, or they are not SentencePiece.
     """
-    from specjax.tokenizer import Tokenizer
-
     features = task.output_features
     if "inputs" not in features or "targets" not in features:
         raise ValueError(
@@ -266,9 +269,6 @@ def decode_rows(
     """
     import jax
 
-    from specjax.decoding import speculative_sample, temperature_sample
-    from specjax.decoding.inputs import bucket_length, pad_batch
-
     consecutive = list(indices) == list(range(indices[0], indices[0] + len(indices))) if len(indices) else False
     if runner is None and consecutive:
         return _decode_rows_bulk(
@@ -377,8 +377,6 @@ def _decode_rows_bulk(
     end, inputs sorted by length in a read-ahead window); row ``j`` is example ``first + j`` and samples with
     ``fold_in(PRNGKey(seed), first + j)``, the same tokens as the static batches. ``on_batch`` gets each line as it
     is emitted (in order); the seconds are wall time with compiles."""
-    from specjax.bulk import BulkDecoder
-
     settings = dict(
         batch_size=max(1, min(batch_size, len(rows))),
         max_decode_length=max_decode_length,
@@ -487,8 +485,6 @@ def seqio_decode(
     import_seqio()
     import seqio
     import tensorflow_datasets as tfds
-
-    from specjax.tokenizer import as_tokenizer
 
     task = get_task(task)
     check_split(task, split)

@@ -37,9 +37,11 @@ import optax
 from flax import serialization
 
 from specjax.config import T5Config
+from specjax.decoding import temperature_sample
 from specjax.decoding.xla_cpu import train_step_compiler_options
 from specjax.models import t5
 from specjax.models.t5 import T5Model
+from specjax.tokenizer import as_tokenizer
 
 __all__ = [
     "TrainConfig",
@@ -230,8 +232,6 @@ def tokenize_pairs(tokenizer, sources: Sequence[str], targets: Sequence[str | Se
     ``targets`` may already be token id lists (e.g. a teacher's outputs, EOS included).
     Returns (src, tgt): lists of int32 arrays.
     """
-    from specjax.tokenizer import as_tokenizer
-
     tokenizer = as_tokenizer(tokenizer)  # also a seqio.SentencePieceVocabulary or a model path
     cap = BUCKETS[-1]
 
@@ -758,8 +758,6 @@ def teacher_outputs(
     if not (math.isfinite(temperature) and temperature >= 0.0):
         raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got {temperature!r}.")
     from tqdm.auto import tqdm
-
-    from specjax.decoding import temperature_sample
 
     order = np.argsort([len(s) for s in src], kind="stable")
     out: list[np.ndarray | None] = [None] * len(src)

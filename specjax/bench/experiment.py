@@ -19,6 +19,7 @@ import numpy as np
 from specjax.bench.inputs import encode_inputs, pad_batches, read_lines
 from specjax.bench.theory import alpha_from_tokens_per_call, expected_improvement, expected_tokens_per_call
 from specjax.bench.timing import environment, measure_bulk_pair, measure_costs, measure_pair
+from specjax.tokenizer import as_tokenizer
 
 __all__ = ["PROMPT_LOOKUP", "VERIFICATIONS", "BenchRow", "load_experiment", "quality", "run_row"]
 
@@ -279,8 +280,6 @@ def run_row(
       FileNotFoundError: missing input or reference file. ValueError: as ``measure_pair`` (an unknown
         verification, a confidence threshold with a draft source that has no confidence …).
     """
-    from specjax.tokenizer import as_tokenizer
-
     tokenizer = as_tokenizer(tokenizer)  # also a seqio.SentencePieceVocabulary or a model path
     lines = read_lines(row.input, row.num_inputs)
     if not lines:

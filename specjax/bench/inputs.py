@@ -11,6 +11,8 @@ from typing import Sequence
 
 import numpy as np
 
+from specjax.tokenizer import as_tokenizer
+
 __all__ = ["MULTI30K_TEST", "read_lines", "encode_inputs", "pad_batches"]
 
 MULTI30K_TEST = "../shared/data/train/multi30k/test_2016_flickr.en"
@@ -51,8 +53,6 @@ def encode_inputs(tokenizer, lines: Sequence[str], prefix: str, max_input_length
     Returns:
       one list of int ids per line.
     """
-    from specjax.tokenizer import as_tokenizer
-
     tokenizer = as_tokenizer(tokenizer)
     out = []
     for line in lines:

@@ -34,6 +34,8 @@ import numpy as np
 
 from specjax.bench.inputs import pad_batches
 from specjax.bench.timing import environment, finish
+from specjax.checkpoints import save_checkpoint
+from specjax.decoding import speculative_sample, temperature_sample
 from specjax.models.t5 import T5Model
 
 __all__ = [
@@ -70,7 +72,6 @@ def to_transformers(model: T5Model, path: str | os.PathLike):
       ImportError: torch/transformers missing. CheckpointError: parameters that do not match the config.
     """
     torch, transformers = _import()
-    from specjax.checkpoints import save_checkpoint
 
     if model.config.dtype != "float32" or model.config.param_dtype != "float32":
         model = model.astype("float32")
@@ -218,8 +219,6 @@ def compare_with_transformers(
     torch, transformers = _import()
     import jax
 
-    from specjax import speculative_sample, temperature_sample
-
     target = target if target.config.dtype == "float32" else target.astype("float32")
     draft = draft if draft.config.dtype == "float32" else draft.astype("float32")
     if hf_models is None:
@@ -351,8 +350,6 @@ def batch_scaling(
       ``*_over_batch1`` ratios of each against batch 1.
     """
     import jax
-
-    from specjax import speculative_sample, temperature_sample
 
     biggest = max(batch_sizes)
     n = -(-max(len(rows), biggest) // biggest) * biggest
@@ -594,8 +591,6 @@ def compare_with_ctranslate2(
     """
     ctranslate2 = _import_ct2()
     import jax
-
-    from specjax import speculative_sample, temperature_sample
 
     target = target if target.config.dtype == "float32" else target.astype("float32")
     draft = draft if draft.config.dtype == "float32" else draft.astype("float32")

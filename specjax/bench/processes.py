@@ -27,6 +27,16 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from specjax import hardware
+from specjax.bench import peers
+from specjax.bench.inputs import pad_batches
+from specjax.bench.peers import ctranslate2_generate
+from specjax.bench.timing import finish
+from specjax.checkpoints import load_checkpoint
+from specjax.decoder import Decoder
+from specjax.decoding import temperature_sample
+from specjax.defaults import load_default_pair
+
 __all__ = ["compare_in_processes", "format_processes", "run_worker", "load_model"]
 
 
@@ -35,8 +45,6 @@ def load_model(path: str, dtype: str, draft: bool = False):
     KIND "target", "distilled" or "reference"; dtype "auto" resolved by ``load_default_pair``) or a checkpoint
     directory (``load_checkpoint``; "auto" loads float32)."""
     if path.startswith("default:"):
-        from specjax.defaults import load_default_pair
-
         *size, kind = path.split(":")[1:]
         target, draft_model, _ = load_default_pair(
             "distilled" if kind == "target" else kind,
@@ -45,18 +53,12 @@ def load_model(path: str, dtype: str, draft: bool = False):
             size=size[0] if size else None,
         )
         return draft_model if kind != "target" else target
-    from specjax.checkpoints import load_checkpoint
 
     return load_checkpoint(path, dtype="float32" if dtype == "auto" else dtype)
 
 
 def _specjax_runner(job: dict):
     import jax
-
-    from specjax import temperature_sample
-    from specjax.bench.inputs import pad_batches
-    from specjax.bench.timing import finish
-    from specjax.decoder import Decoder
 
     target = load_model(job["target"], job["dtype"])
     gamma = job["gamma"]
@@ -99,8 +101,6 @@ def _specjax_runner(job: dict):
 def _ctranslate2_runner(job: dict):
     import ctranslate2
 
-    from specjax.bench.peers import ctranslate2_generate
-
     tr = ctranslate2.Translator(
         job["ct2_dir"], device="cpu", compute_type=job["compute_type"], inter_threads=1, intra_threads=job["threads"]
     )
@@ -121,8 +121,6 @@ def run_worker(job: dict) -> dict:
       {"seconds": [per pass], "tokens": output tokens per pass, "outputs": token lists of the last pass,
       "gammas": γ per batch of the last pass (specjax Decoder engines; else empty), "cpu": the CPU line}.
     """
-    from specjax import hardware
-
     runner = _ctranslate2_runner(job) if job["engine"] == "ctranslate2" else _specjax_runner(job)
     seconds, outs, chosen = [], [], []
     for _ in range(job["passes"]):
@@ -191,9 +189,6 @@ def compare_in_processes(
     Raises:
       RuntimeError: a worker failed (its stderr's last lines in the message). ImportError: ctranslate2 missing.
     """
-    from specjax import hardware
-    from specjax.bench import peers
-
     tmp = tempfile.TemporaryDirectory() if workdir is None else None
     work = workdir or tmp.name
     os.makedirs(work, exist_ok=True)

@@ -34,6 +34,9 @@ from typing import Callable, Sequence
 import jax
 import numpy as np
 
+from specjax.bench.timing import finish
+from specjax.decoding import speculative_sample, temperature_sample
+
 __all__ = [
     "SCOPES",
     "read_trace",
@@ -512,9 +515,6 @@ def profile_decode(
       (max(weight bytes / memory bandwidth, FLOPs / matmul throughput), and with the cache bandwidth),
       ``limits``, ``target_costs``, ``draft_costs``, and the settings.
     """
-    from specjax import speculative_sample, temperature_sample
-    from specjax.bench.timing import finish
-
     kw = dict(max_decode_length=max_decode_length, temperature=temperature)
 
     def spec(j):

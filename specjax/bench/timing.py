@@ -15,7 +15,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax.bulk import BulkDecoder
+from specjax.decoder import Decoder
+from specjax.decoding import speculative_sample, temperature_sample
 from specjax.decoding.xla_cpu import TunedJit
+from specjax.models import t5
+from specjax.sampling import argmax
 
 __all__ = [
     "environment",
@@ -226,8 +231,6 @@ def measure_pair(
     Raises:
       ValueError: from the decode functions' validation (gamma, temperature, …) before compiling.
     """
-    from specjax import speculative_sample, temperature_sample
-
     kw = dict(
         max_decode_length=max_decode_length,
         temperature=temperature,
@@ -252,8 +255,6 @@ def measure_pair(
     calibration = warmup = 0.0
     t0 = time.perf_counter()
     if gamma == "auto" or gamma == 0:
-        from specjax.decoder import Decoder
-
         static = {k: v for k, v in spec_kw.items() if k not in ("temperature", "top_k", "top_p")}
         decoder = Decoder(target, draft, gamma=gamma, **static)
         sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
@@ -449,8 +450,6 @@ def measure_bulk_pair(
     Raises:
       ValueError: as ``BulkDecoder`` and ``BulkDecoder.generate`` (γ, batch size, an empty or too long input).
     """
-    from specjax.bulk import BulkDecoder
-
     common = dict(
         batch_size=batch_size,
         max_decode_length=max_decode_length,
@@ -520,8 +519,6 @@ def _steps_loop(config, params, encoded, cache, k: int, n: int, b: int):
     used (a loop that kept one logit let XLA slice the logits dot down to one column, which made windows and
     draft steps look cheaper than the loops' own) and the calls form a serial chain.
     """
-    from specjax.models import t5
-    from specjax.sampling import argmax
 
     def body(i, carry):
         cache, tokens = carry

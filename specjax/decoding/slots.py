@@ -38,6 +38,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from specjax.decoding import sharding
 from specjax.decoding.drafts import DraftSource, decoder_input_at
 from specjax.decoding.inputs import DecodeConfig, split_rows, target_cache_length
 from specjax.decoding.loop import SpecState, speculative_body
@@ -197,13 +198,11 @@ class SlotPrograms:
     ):
         self.mesh, self.rules, self.row_multiple = mesh, rules, 1
         if mesh is not None:
-            from specjax import parallel
-
-            self.rules = tuple(parallel.STANDARD_RULES if rules is None else rules)
+            self.rules = tuple(sharding.STANDARD_RULES if rules is None else rules)
             check_slot_mesh(mesh, batch)
-            self.row_multiple = mesh.shape[parallel.DATA]
-            target = parallel.mesh_decoding_model(target, mesh, self.rules)
-            draft = parallel.mesh_draft_source(draft, mesh, self.rules)
+            self.row_multiple = mesh.shape[sharding.DATA]
+            target = sharding.mesh_decoding_model(target, mesh, self.rules)
+            draft = sharding.mesh_draft_source(draft, mesh, self.rules)
         self.target, self.draft, self.batch = target, draft, batch
         self.max_decode_length, self.max_gamma = max_decode_length, max_gamma if draft is not None else 0
         self.eos_id, self.verification = eos_id, verification
@@ -277,16 +276,14 @@ class SlotPrograms:
         if self.mesh is None:
             return None
         if self._shardings is None:
-            from specjax import parallel
-
             shapes = jax.eval_shape(
                 lambda tp, dp: self._fresh_shapes(self.batch, tp, dp, width), target_params, draft_params
             )
             axes = self._batch_axes(target_params, draft_params, width)
-            per_row = lambda x, a: parallel.batch_sharding(self.mesh, len(x.shape), a)  # noqa: E731
+            per_row = lambda x, a: sharding.batch_sharding(self.mesh, len(x.shape), a)  # noqa: E731
             out = jax.tree.map(per_row, shapes, axes)
-            encoded = parallel.activation_shardings(shapes.encoded, self.mesh, self.rules)
-            cache = parallel.activation_shardings(shapes.state.target_cache, self.mesh, self.rules)
+            encoded = sharding.activation_shardings(shapes.encoded, self.mesh, self.rules)
+            cache = sharding.activation_shardings(shapes.state.target_cache, self.mesh, self.rules)
             if encoded is not None:
                 out = out._replace(encoded=encoded)
             if cache is not None:

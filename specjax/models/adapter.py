@@ -10,7 +10,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from specjax.models import t5
+from specjax.models import model, t5
 
 __all__ = ["T5Decoding", "ENCODE_WIDTHS", "run_time_widths"]
 
@@ -149,4 +149,4 @@ class T5Decoding:
         return t5.init_cache(self.config, batch, length, self.kv_dtype, stacked=self.scan_layers)
 
 
-t5.DECODING_ADAPTER = T5Decoding  # T5Model.decoding_model() builds this (the model module never imports the adapter)
+model.DECODING_ADAPTER = T5Decoding  # T5Model.decoding_model() builds this (the model module never imports the adapter)
