@@ -399,8 +399,9 @@ def enable_caches(cache_dir: str | None = None, no_cache: bool = False) -> dict:
     """Turns on, for this process, what ``cache_settings`` names: JAX's persistent compilation cache (programs
     however quick to compile; ``JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS`` overrides; the decode programs are
     kept whole, traced and lowered, by ``specjax.decoding.stored`` under the same root) and the costs file's
-    location (``SPECJAX_CACHE_DIR``, read by ``specjax.hardware.cache_dir``; "off" when disabled). A cached program is the same program (the key is its HLO,
-    the compile options and the jax/XLA versions): results do not depend on the cache. A cache directory that
+    location (``SPECJAX_CACHE_DIR``, read by ``specjax.hardware.cache_dir``; "off" when disabled). A cached
+    program is the same program (the key is its HLO, the compile options and the jax/XLA versions): results do
+    not depend on the cache. A cache directory that
     cannot be created or written (a read-only home) turns XLA's cache off for the run instead of failing it, as
     the costs file's writes are skipped (``CostCache``). Returns the settings.
     """
