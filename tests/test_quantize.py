@@ -89,7 +89,7 @@ def test_quantized_model_decodes_as_the_float_model_on_the_dequantized_weights(t
 
 @pytest.mark.parametrize("case", ["int8 draft", "int8 target, float draft", "int8 target, int8 draft", "bf16 int8"])
 def test_greedy_speculative_equals_its_target_alone(tiny, case):
-    """100 inputs of mixed lengths, gamma in {1, 3, 8}: token for token equal to the (possibly int8) target
+    """100 inputs of mixed lengths, gamma in {1, 4}: token for token equal to the (possibly int8) target
     alone; "bf16 int8": int8 target and draft computing in bfloat16."""
     target, draft = tiny
     if case == "int8 draft":
@@ -102,7 +102,7 @@ def test_greedy_speculative_equals_its_target_alone(tiny, case):
         target, draft = quantize(target, compute_dtype="bfloat16"), quantize(draft, compute_dtype="bfloat16")
     inputs = _inputs(np.random.default_rng(7), 100, 12, 32)
     base = temperature_sample(target, inputs, rng=0, max_decode_length=16, temperature=0)
-    for gamma in (1, 3, 8):
+    for gamma in (1, 4):
         r = speculative_sample(target, draft, inputs, rng=0, gamma=gamma, max_decode_length=16, temperature=0)
         np.testing.assert_array_equal(r.sequences, base.sequences, err_msg=f"gamma={gamma}")
         np.testing.assert_array_equal(r.lengths, base.lengths)
@@ -111,14 +111,13 @@ def test_greedy_speculative_equals_its_target_alone(tiny, case):
 
 
 def test_decoder_and_bulk_greedy_equal_the_int8_target_alone(tiny):
-    """``Decoder`` (γ auto and fixed) and ``BulkDecoder`` (slots refilled) with an int8 target and draft give the
+    """``Decoder`` and ``BulkDecoder`` (slots refilled) with an int8 target and draft give the
     int8 target's greedy output row by row."""
     target, draft = quantize(tiny[0]), quantize(tiny[1])
     inputs = _inputs(np.random.default_rng(11), 12, 10, 32)
     base = temperature_sample(target, inputs, rng=0, max_decode_length=12, temperature=0)
-    for gamma in ("auto", 3):
-        r = Decoder(target, draft, gamma=gamma, max_decode_length=12)(inputs, rng=0, temperature=0.0)
-        np.testing.assert_array_equal(r.sequences, base.sequences, err_msg=f"gamma={gamma}")
+    r = Decoder(target, draft, gamma=3, max_decode_length=12)(inputs, rng=0, temperature=0.0)
+    np.testing.assert_array_equal(r.sequences, base.sequences)
     rows = [list(row[row != 0]) for row in inputs]
     bulk = BulkDecoder(target, draft, batch_size=4, gamma=2, max_decode_length=12, read_ahead=1)
     for got in bulk.generate(rows, temperature=0.0, rng=0):
