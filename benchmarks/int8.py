@@ -16,6 +16,7 @@ Then greedy BLEU (sacrebleu, 13a) of the float32 and the int8 target on ``--bleu
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -121,7 +122,7 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-speed", action="store_true")
     args = ap.parse_args(argv)
     info = cpu_info()
-    print(f"jax {jax.__version__}, CPU {info.describe()}")
+    print(f"jax {jax.__version__}, CPU {info.describe()}, load average {os.getloadavg()[0]:.1f} at the start")
     t_auto, d32, tok = specjax.load_default_pair(size="small", dtype="auto", draft_dtype="float32")
     t8, d8, _ = specjax.load_default_pair(size="small", dtype="int8", draft_dtype="int8")
     t32, _, _ = specjax.load_default_pair(size="small", dtype="float32")

@@ -42,6 +42,8 @@ __all__ = [
     "dequantize_params",
     "is_quantized",
     "weight_bytes",
+    "quantized_shardings",
+    "abstract_quantized_model",
 ]
 
 QUANTIZED_DTYPES = ("int8",)
@@ -122,6 +124,9 @@ class QuantizedDecoding(T5Decoding):
     """``T5Decoding`` for parameters with quantized kernels: each of ``encode``, ``decode`` and ``decode_branches``
     dequantizes the kernels (``dequantize_params``, to the config's parameter dtype) inside the program and runs the
     float model on them. Every other method (caches, branch commits) is ``T5Decoding``'s."""
+
+    quantized = True
+    """Marks a decoding model whose parameters hold ``qwix.QArray`` kernels (``specjax.parallel`` reads it)."""
 
     def _float(self, params):
         return dequantize_params(params, self.config.param_dtype)
@@ -245,3 +250,43 @@ def quantize(model: T5Model, dtype: str = "int8", compute_dtype: str | None = No
     params = quantize_params(model.params, dtype)
     cfg = model.config.replace(dtype=compute, param_dtype=compute)
     return QuantizedT5Model(cfg, params).astype(compute)
+
+
+def _kernel_path(path) -> bool:
+    keys = [str(getattr(k, "key", k)) for k in path]
+    return bool(keys) and keys[-1] == "kernel"
+
+
+def quantized_shardings(shardings):
+    """The shardings of a quantized tree from the float tree's (``specjax.parallel.param_shardings``, stacked or
+    not): each kernel's ``NamedSharding`` for its int8 values, its scales replicated (one float32 per output column:
+    16 KB for T5 1.1 XXL's widest kernel)."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    qwix = _qwix()
+
+    def one(path, s):
+        if not _kernel_path(path):
+            return s
+        return qwix.QArray(s, NamedSharding(s.mesh, PartitionSpec()), qtype=jnp.int8)
+
+    return jax.tree_util.tree_map_with_path(one, shardings)
+
+
+def abstract_quantized_model(config, sharding=None) -> QuantizedT5Model:
+    """A ``QuantizedT5Model`` of ``jax.ShapeDtypeStruct``s (int8 values [i, o] and float32 scales [1, o] per kernel,
+    the rest in ``config.param_dtype``), each with ``sharding``: for ahead-of-time compiles (``specjax.aot``)."""
+    from specjax.models import t5
+
+    qwix = _qwix()
+
+    def one(path, x):
+        if not _is_kernel(path, x):
+            return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+        return qwix.QArray(
+            jax.ShapeDtypeStruct(x.shape, jnp.int8, sharding=sharding),
+            jax.ShapeDtypeStruct((1, x.shape[1]), jnp.float32, sharding=sharding),
+            qtype=jnp.int8,
+        )
+
+    return QuantizedT5Model(config, jax.tree_util.tree_map_with_path(one, t5.abstract_params(config)))
