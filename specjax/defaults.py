@@ -191,7 +191,9 @@ def load_default_pair(
         default) or "reference" (the same draft architecture trained on references only).
       dtype: compute and parameter dtype of the target: "auto" (the default: ``pair_dtypes``, the fastest path for
         this machine: the files' bfloat16 where the CPU has native bfloat16 dots or on TPU/GPU, else float32,
-        upcast once at load), "float32" or "bfloat16" (the files are bfloat16).
+        upcast once at load), "float32", "bfloat16" (the files are bfloat16) or "int8" (weight-only int8 with Qwix,
+        computed in the dtype "auto" picks: ``load_checkpoint``, ``specjax.quantize``; an int8 target is another
+        target: speculative output equals the int8 target's own).
         On CPU the target alone is fastest in float32, speculative sampling with the small pair in
         bfloat16 (its verification windows run on YNNPACK's bfloat16 kernels: ``decoding/xla_cpu.py``);
         greedy speculative output equals the target alone's token for token on every dtype path (a window and a
@@ -201,7 +203,9 @@ def load_default_pair(
       draft_dtype: the draft's dtype; None: ``dtype`` (with "auto": the pair's auto draft dtype). A float32
         draft beside a bfloat16 target was the fastest speculative pairing on CPU (one-row float32 dots beat
         bfloat16's there); the draft's dtype never changes what the output's distribution is, only how often
-        its proposals are accepted.
+        its proposals are accepted. "int8": the draft's dense kernels in int8 (Qwix), computed in the draft's "auto"
+        dtype; exact as any draft (Algorithm 1), α within 1 % of the float32 draft's
+        (benchmarks/results/int8/).
     Returns:
       (target ``T5Model``, draft ``T5Model``, ``Tokenizer``). Both models read raw English sentences
       (no task prefix); the vocabulary is the shipped ``spiece.model`` (8000 pieces, pad 0, eos 1, unk 2).
@@ -218,8 +222,12 @@ def load_default_pair(
     pair = pair_dir(size)
     target_dir, draft_dir = pair / "target", pair / f"draft_{draft}"
     dtype, draft_dtype, _ = pair_dtypes(size, dtype, draft_dtype)
-    target = load_checkpoint(target_dir, dtype=dtype)
-    draft_model = load_checkpoint(draft_dir, dtype=draft_dtype)
+    auto_target, auto_draft, _ = pair_dtypes(size, "auto")
+    # int8 (weight-only, Qwix): computed in the dtype "auto" picks for the model's role on this machine.
+    target = load_checkpoint(target_dir, dtype=dtype, **({"compute_dtype": auto_target} if dtype == "int8" else {}))
+    draft_model = load_checkpoint(
+        draft_dir, dtype=draft_dtype, **({"compute_dtype": auto_draft} if draft_dtype == "int8" else {})
+    )
     tokenizer = Tokenizer(str(pair / "spiece.model"), extra_ids=0)
     return target, draft_model, tokenizer
 

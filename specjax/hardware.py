@@ -141,12 +141,13 @@ def resolve_dtypes(dtype, draft_dtype, preferred=("bfloat16", "float32"), platfo
     """``(target_dtype, draft_dtype, reason)`` with every "auto" (or None draft: "follow the target") resolved.
 
     An explicit dtype always wins; ``draft_dtype=None`` means the target's dtype when the target's was explicit
-    and the "auto" draft dtype when it was "auto".
+    and the "auto" draft dtype when it was "auto". "int8" (weight-only int8, ``specjax.quantize``) is returned as
+    it is; its compute dtype is the "auto" one of its role (``auto_dtypes``).
 
     Raises:
-      ValueError: a dtype that is not "auto", "float32", "bfloat16" or "float16".
+      ValueError: a dtype that is not "auto", "float32", "bfloat16", "float16" or "int8".
     """
-    allowed = ("auto", "float32", "bfloat16", "float16")
+    allowed = ("auto", "float32", "bfloat16", "float16", "int8")
     for name, d in (("dtype", dtype), ("draft_dtype", draft_dtype)):
         if d is not None and d not in allowed:
             raise ValueError(f"{name} must be one of {allowed}, got {d!r} ('auto': the fastest path for this machine).")

@@ -501,7 +501,12 @@ def _model_parallel_jit(fn, models, static, mesh: Mesh, all_rules: tuple):
     for fns, rules in zip(models, all_rules):
         if isinstance(fns, T5Decoding):
             wrapped.append(_MeshT5Decoding(fns, mesh, rules))
-            param_specs.append(param_shardings(fns.config, mesh, rules, stacked=fns.scan_layers))
+            specs = param_shardings(fns.config, mesh, rules, stacked=fns.scan_layers)
+            if getattr(fns, "quantized", False):  # int8 kernels (specjax.quantize): values as the kernel, scales copied
+                from specjax.quantize import quantized_shardings
+
+                specs = quantized_shardings(specs)
+            param_specs.append(specs)
         else:  # a hand-made DecodingModel or a draft source: params replicated, no activation constraints
             wrapped.append(fns)
             param_specs.append(NamedSharding(mesh, P()))

@@ -64,7 +64,8 @@ def compile_report(
         ``draft=None``: the target alone (no speculative program, no draft piece).
       gamma: γ, draft tokens per iteration. batch: ``b`` rows. input_length: ``s`` (tokens, padded width).
       output_length: ``T`` = max_decode_length (tokens). temperature: 0 (greedy) or 1 (traced: the same program).
-      verification: "token" or "block". dtype: parameters' and compute dtype.
+      verification: "token" or "block". dtype: parameters' and compute dtype; "int8": weight-only int8 kernels of
+        target and draft (``specjax.quantize``) computing in bfloat16, whole programs only (``pieces=False``).
       mesh: ``"data:N,model:M"`` over the slice's devices; None: ``choose_mesh`` (a data axis no larger than the
         batch, then the smallest model split that fits).
       data_parallel: compile ``data_parallel_sample``'s program (a loop per device, both models replicated).
@@ -99,8 +100,11 @@ def compile_report(
     topo = _topology(topology)
     chip = CHIPS[topo.chip]
     devices = topology_devices(topo.name)
-    tcfg = resolve_config(target, dtype)
-    dcfg = None if draft is None else resolve_config(draft, dtype)
+    quantized = dtype == "int8"  # weight-only int8 (specjax.quantize): bfloat16 compute, int8 kernels
+    if quantized and pieces:
+        raise ValueError("dtype int8 compiles the whole programs only: pass pieces=False (--no-pieces).")
+    tcfg = resolve_config(target, "bfloat16" if quantized else dtype)
+    dcfg = None if draft is None else resolve_config(draft, "bfloat16" if quantized else dtype)
     shape = dict(batch=batch, input_length=input_length, output_length=output_length, gamma=gamma)
     if mesh is None:
         data, model = choose_mesh(topo.name, tcfg, dcfg, data_parallel=data_parallel, **shape)
@@ -119,8 +123,12 @@ def compile_report(
         )
     rules = parallel.STANDARD_RULES
     replicated = NamedSharding(the_mesh, P())
-    tmodel = _abstract_model(tcfg, replicated)
-    dmodel = None if dcfg is None else _abstract_model(dcfg, replicated)
+    if quantized:
+        from specjax.quantize import abstract_quantized_model as _abstract_model_of
+    else:
+        _abstract_model_of = _abstract_model
+    tmodel = _abstract_model_of(tcfg, replicated)
+    dmodel = None if dcfg is None else _abstract_model_of(dcfg, replicated)
     tokens = np.full((batch, input_length), 3, np.int32)
     tokens[:, -1] = 1  # EOS
     common = dict(gamma=gamma, max_decode_length=output_length, temperature=temperature, max_input_length=input_length)

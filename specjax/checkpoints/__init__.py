@@ -18,7 +18,7 @@ from specjax.models.t5 import T5Model
 
 __all__ = ["CheckpointError", "load_checkpoint", "save_checkpoint", "detect_format"]
 
-_DTYPES = ("float32", "bfloat16", "float16")
+_DTYPES = ("float32", "bfloat16", "float16")  # float dtypes; "int8" (load_checkpoint) quantizes at load
 
 
 def detect_format(path: str) -> tuple[str, str]:
@@ -71,13 +71,15 @@ def _target_dtype(flat: dict[str, np.ndarray], dtype: Any) -> str:
     if dtype is not None:
         name = np.dtype(dtype).name if not isinstance(dtype, str) else dtype
         if name not in _DTYPES:
-            raise ValueError(f"dtype must be one of {_DTYPES}, got {dtype!r}.")
+            raise ValueError(f"dtype must be one of {_DTYPES + ('int8',)}, got {dtype!r}.")
         return name
     stored = {np.asarray(v).dtype.name for v in flat.values()}
     return stored.pop() if len(stored) == 1 and next(iter(stored)) in _DTYPES else "float32"
 
 
-def load_checkpoint(path: str | os.PathLike, *, dtype: Any = "float32", **config_overrides) -> T5Model:
+def load_checkpoint(
+    path: str | os.PathLike, *, dtype: Any = "float32", compute_dtype: str | None = None, **config_overrides
+) -> T5Model:
     """Loads a T5 checkpoint of any supported format into a ``T5Model``.
 
     Families: T5 1.0 / 1.1 / Flan-T5, mT5, umT5, UL2 / Flan-UL2, ByT5, MADLAD-400 (Hugging Face ``model_type``
@@ -97,13 +99,21 @@ def load_checkpoint(path: str | os.PathLike, *, dtype: Any = "float32", **config
       dtype: "float32" (the default everywhere in specjax: ``load_default_pair``, ``specjax generate``,
         ``translate``, ``bench``, so the same weights give the same greedy text wherever they are loaded),
         "bfloat16" or "float16" (parameters and compute; bfloat16 is what a TPU runs T5-XXL in), or None to
-        keep the stored dtype (float32 when the checkpoint mixes dtypes).
+        keep the stored dtype (float32 when the checkpoint mixes dtypes); or "int8": weight-only int8 with Qwix
+        (``specjax.quantize``: every dense kernel as int8 values and a float32 scale per output column, quantized
+        from the checkpoint's values at load), computing in ``compute_dtype``. The result is then a
+        ``specjax.quantize.QuantizedT5Model`` (``weight_bytes`` tells its memory); it is another model than the
+        float one: speculative output equals *its* output (a quantized draft changes nothing but α).
+      compute_dtype: with ``dtype="int8"`` only: "float32", "bfloat16" or "float16"; None: what "auto" picks for
+        a target on this machine (``specjax.hardware.auto_dtypes``: bfloat16 on TPU / GPU and on CPUs with native
+        bfloat16 dots, else float32).
       **config_overrides: ``T5Config`` fields to set, e.g. ``relative_attention_max_distance`` or ``name``
         (T5X checkpoints do not store them).
     Returns:
       ``T5Model`` whose params are a nested dict of jax arrays with t5x names.
     Raises:
       FileNotFoundError: the path does not exist.
+      ValueError: an unknown ``dtype`` or ``compute_dtype``, or ``compute_dtype`` without ``dtype="int8"``.
       CheckpointError (a ValueError): unrecognised, truncated or corrupt checkpoints; keys or shapes that do
         not match the config.
     """
@@ -111,6 +121,15 @@ def load_checkpoint(path: str | os.PathLike, *, dtype: Any = "float32", **config
 
     from specjax.checkpoints import hf, t5x
 
+    if dtype == "int8":
+        from specjax.hardware import auto_dtypes
+        from specjax.quantize import quantize
+
+        if compute_dtype is None:
+            compute_dtype = auto_dtypes(("bfloat16", "bfloat16"))[0][0]
+        return quantize(load_checkpoint(path, dtype="float32", **config_overrides), "int8", compute_dtype)
+    if compute_dtype is not None:
+        raise ValueError(f"compute_dtype is for dtype='int8' (the int8 model's compute dtype), got dtype={dtype!r}.")
     kind, where = detect_format(path)
     if kind == "hf":
         config, flat = hf.load_hf(where)

@@ -47,7 +47,13 @@ def add_parser(subparsers) -> None:
         "fits; at batch 1 every chip splits the model: data:1,model:4 on a v4-8)",
     )
     p.add_argument("--data-parallel", action="store_true", help="data_parallel_sample's program (weights replicated)")
-    p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="weights and compute")
+    p.add_argument(
+        "--dtype",
+        choices=("bfloat16", "float32", "int8"),
+        default="bfloat16",
+        help="weights and compute; int8: weight-only int8 target and draft (Qwix), bfloat16 compute, whole "
+        "programs only (with --no-pieces)",
+    )
     p.add_argument(
         "--programs",
         default="speculative_sample,temperature_sample",

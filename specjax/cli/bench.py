@@ -114,16 +114,16 @@ def add_parser(sub) -> None:
     sweep.add_argument(
         "--dtype",
         default="auto",
-        choices=["auto", "float32", "bfloat16"],
+        choices=["auto", "float32", "bfloat16", "int8"],
         help="compute dtype of the target, and of the draft unless --draft-dtype (default auto: the shipped "
         "pair in bfloat16 only on a CPU with native bfloat16 dots, avx512_bf16 / amx_bf16, or on TPU/GPU, "
-        "else float32; checkpoints in float32)",
+        "else float32; checkpoints in float32; int8: weight-only int8 with Qwix, computed in auto's dtype)",
     )
     sweep.add_argument(
         "--draft-dtype",
         default=None,
-        choices=["auto", "float32", "bfloat16"],
-        help="compute dtype of the draft (default: --dtype); float32 beside a bfloat16 target "
+        choices=["auto", "float32", "bfloat16", "int8"],
+        help="compute dtype of the draft (default: --dtype; int8: Qwix weight-only); float32 beside a bfloat16 target "
         "was the fastest pairing on CPU",
     )
     sweep.add_argument("--cost-steps", type=int, default=32, help="decode calls per timing loop for c")

@@ -33,16 +33,18 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--dtype",
         default=None,
-        choices=["float32", "bfloat16"],
-        help="the target's compute dtype, for both decodes (default auto: bfloat16 for the small target "
+        choices=["float32", "bfloat16", "int8"],
+        help="the target's compute dtype, for both decodes (int8: Qwix weight-only int8, computed in auto's "
+        "dtype; default auto: bfloat16 for the small target "
         "only on a CPU with native bfloat16 dots, avx512_bf16 / amx_bf16, else float32; "
         "specjax.defaults.pair_dtypes)",
     )
     p.add_argument(
         "--draft-dtype",
         default=None,
-        choices=["float32", "bfloat16"],
-        help="the draft's compute dtype (default: with --dtype auto, the pair's path for this CPU; else --dtype)",
+        choices=["float32", "bfloat16", "int8"],
+        help="the draft's compute dtype (int8: Qwix weight-only, exact as any draft; default: with --dtype auto, "
+        "the pair's path for this CPU; else --dtype)",
     )
     p.add_argument("--temperature", type=float, default=D.temperature, help="0 = greedy (default)")
     p.add_argument(

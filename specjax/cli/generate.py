@@ -61,11 +61,19 @@ def add_parser(sub) -> None:
     p.add_argument("--truncate", action="store_true", help="cut longer inputs instead of failing")
     p.add_argument(
         "--dtype",
-        choices=("auto", "float32", "bfloat16"),
+        choices=("auto", "float32", "bfloat16", "int8"),
         default="auto",
-        help="parameters and compute of both models (default auto, as load_default_pair: the shipped pair in "
-        "bfloat16 only on a CPU with native bfloat16 dots or an accelerator, else float32; --target/--draft "
-        "checkpoints in float32, as load_checkpoint; bfloat16 halves memory, e.g. for T5-XXL on TPU)",
+        help="parameters and compute of the target, and of the draft unless --draft-dtype (default auto, as "
+        "load_default_pair: the shipped pair in bfloat16 only on a CPU with native bfloat16 dots or an "
+        "accelerator, else float32; --target/--draft checkpoints in float32, as load_checkpoint; bfloat16 halves "
+        "memory, e.g. for T5-XXL on TPU; int8: weight-only int8 (Qwix), computed in auto's dtype; an int8 target's "
+        "output is the int8 target's own)",
+    )
+    p.add_argument(
+        "--draft-dtype",
+        choices=("auto", "float32", "bfloat16", "int8"),
+        default=None,
+        help="the draft's dtype (default: --dtype); int8 changes only alpha, never the output",
     )
     p.add_argument(
         "--compare-baseline",
@@ -115,8 +123,9 @@ def _load(args):
         )
     if args.target:
         dtype = "float32" if args.dtype == "auto" else args.dtype
+        draft_dtype = dtype if args.draft_dtype in (None, "auto") else args.draft_dtype
         target = load_checkpoint(args.target, dtype=dtype)
-        draft = None if lookup else load_checkpoint(args.draft, dtype=dtype)
+        draft = None if lookup else load_checkpoint(args.draft, dtype=draft_dtype)
         tokenizer, origin = _checkpoint_tokenizer(args)
         print(f"tokenizer: {origin}", file=sys.stderr)
         return target, draft, tokenizer
@@ -132,6 +141,8 @@ def _load(args):
             f"checkpoints (and --tokenizer). ({e})"
         ) from e
     kwargs = {"dtype": args.dtype} if args.dtype else {}
+    if getattr(args, "draft_dtype", None):
+        kwargs["draft_dtype"] = args.draft_dtype
     if args.size:
         kwargs["size"] = args.size
     target, draft, tokenizer = load_default_pair(**kwargs)
