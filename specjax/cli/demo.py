@@ -96,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
     from specjax.hardware import cache_dir
 
     kept = cache_dir()
-    where = f" (kept in {kept} for the next run)" if kept is not None else ""
+    # a later run finds the programs there: it traces and loads them (seconds) instead of compiling them
+    where = f" (or loading them from {kept}, where an earlier run kept them)" if kept is not None else ""
     known = False
     if args.gamma == "auto":  # γ auto's costs on disk from an earlier run: it chooses at once (measure_pair)
         from specjax.decoder import Decoder
