@@ -85,8 +85,9 @@ def _free_compiled_programs():
 # The order in which the two pytest-xdist workers take the test files: ``--dist loadfile`` hands out whole files (a
 # module's fixtures are built once), in collection order as ``--no-loadscope-reorder`` (pyproject.toml) keeps it. The
 # longest files go first, so the run does not end with one worker idle beside the other's long file (longest
-# processing time first). Measured: CPU seconds of each file alone (``--durations=15`` shows where they go). Files
-# not named here follow in collection order; tests/test_seqio.py comes last of all (below).
+# processing time first): the files that load the shipped pairs, run notebooks, train or start subprocesses, roughly by
+# their time alone on a 2-core CPU; reorder them when the ``--durations=15`` report at the end of a run says otherwise.
+# Files not named here follow in collection order; tests/test_seqio.py comes last of all (below).
 LONGEST_FIRST = (
     "test_default_pair.py",
     "test_notebook.py",
