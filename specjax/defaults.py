@@ -145,7 +145,7 @@ DEMO_GAMMA = {"mini": 3, "small": 5}
 # The (target, draft) compute dtypes ``specjax demo`` loads each pair in: the fastest speculative pairing
 # measured on a 2-core CPU. The mini target fits the CPU's cache and runs fastest in float32; the small
 # target's verification windows run on YNNPACK's bfloat16 kernels, its draft's one-row steps in float32
-# (``load_default_pair``'s ``dtype`` / ``draft_dtype``; benchmarks/dtype_loops.py).
+# (``load_default_pair``'s ``dtype`` / ``draft_dtype``; benchmarks/decoding.py dtypes).
 DEMO_DTYPES = {"mini": ("float32", "float32"), "small": ("bfloat16", "float32")}
 # The recorded α (temperature 0, temperature 1) of each shipped (size, draft) pair on Multi30k test lines
 # (docs/training.md): the prior of ``specjax.Decoder``'s running α (``gamma="auto"``). The small reference draft has no

@@ -89,14 +89,50 @@ def _free_compiled_programs():
     stored.clear_memory()  # the programs loaded or built here: the next module loads them from disk
 
 
+# The order in which the two pytest-xdist workers take the test files: ``--dist loadfile`` hands out whole files (a
+# module's fixtures are built once), in collection order as ``--no-loadscope-reorder`` (pyproject.toml) keeps it. The
+# longest files go first, so the run does not end with one worker idle beside the other's long file (longest
+# processing time first): the files that load the shipped pairs, run notebooks, train or start subprocesses, roughly by
+# their time alone on a 2-core CPU; reorder them when the ``--durations=15`` report at the end of a run says otherwise.
+# Files not named here follow in collection order; tests/test_seqio.py comes last of all (below).
+LONGEST_FIRST = (
+    "test_default_pair.py",
+    "test_notebook.py",
+    "test_train.py",
+    "test_window_invariance.py",
+    "test_multidraft.py",
+    "test_decoding.py",
+    "test_bench.py",
+    "test_aot.py",
+    "test_families.py",
+    "test_parallel.py",
+    "test_bulk_mesh.py",
+    "test_generate_cli.py",
+    "test_cli_robustness.py",
+    "test_auto.py",
+    "test_verifiers_and_drafts.py",
+)
+
+
+def _file_rank(item) -> tuple[int, int]:
+    """(after everything else?, rank): test_seqio.py last, then the files of LONGEST_FIRST in that order."""
+    name = item.nodeid.split("::")[0].rsplit("/", 1)[-1]
+    if name == "test_seqio.py":
+        return (1, 0)
+    return (0, LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST))
+
+
 def pytest_collection_modifyitems(session, config, items):
-    """Runs the tests that import TensorFlow (tests/test_seqio.py, the ``seqio`` extra) last.
+    """Orders the test files: LONGEST_FIRST's first, then the rest, and the tests that import TensorFlow
+    (tests/test_seqio.py, the ``seqio`` extra) last.
 
     TensorFlow brings its own LLVM and protobuf; once it is loaded, a later XLA compile in the same process
     was seen to crash with a segmentation fault (in ``backend_compile_and_load``, from tests/test_train.py).
-    Every other test therefore runs before TensorFlow is imported.
+    Every other test therefore runs before TensorFlow is imported: in one process, and under xdist, where each
+    worker collects in this order and ``--no-loadscope-reorder`` keeps it (xdist's default reorders files by their
+    number of tests, which put test_seqio.py in the middle of a worker's run).
     """
-    items.sort(key=lambda item: item.nodeid.split("::")[0].endswith("test_seqio.py"))  # stable: keeps the rest
+    items.sort(key=_file_rank)  # stable: the tests of a file keep their order
 
 
 def pytest_collection_finish(session):

@@ -51,3 +51,37 @@ def test_translate_prints_translations_on_stdout_and_statistics_on_stderr(capsys
     out = captured.out.splitlines()
     assert len(out) == 1 and out[0] and not out[0].startswith("#")  # the translation alone
     assert "# acceptance rate alpha" in captured.err and "tokens per target call" in captured.err
+
+
+def _help(command: str, capsys) -> str:
+    with pytest.raises(SystemExit) as e:
+        main([command, "--help"])
+    assert e.value.code == 0
+    return " ".join(capsys.readouterr().out.split())  # argparse's line breaks undone
+
+
+@pytest.mark.parametrize("command", ["demo", "translate", "generate"])
+def test_help_names_the_shipped_pairs_domain_and_the_way_to_other_text(command, capsys):
+    """Every command that offers the shipped pair says what it was trained on and how to load another T5."""
+    text = _help(command, capsys)
+    assert "Multi30k image captions" in text and "--target/--draft" in text
+
+
+def test_help_gives_the_defaults_the_commands_use(capsys):
+    """``--help`` agrees with ``resolve_decoding_defaults``: generate's length is the translation length with the
+    shipped pair and the text length with --target; translate names no flag it lacks (--mesh is generate's)."""
+    from specjax.cli import build_parser, resolve_decoding_defaults
+    from specjax.defaults import DECODE_DEFAULTS as D
+
+    generate = _help("generate", capsys)
+    assert (
+        f"(default: {D.max_decode_length['translation']} with the shipped pair, {D.max_decode_length['text']} with "
+        "--target checkpoints)" in generate
+    )
+    args = build_parser().parse_args(["generate", "--output", "-", "--input", "-"])
+    resolve_decoding_defaults(args, "translation")  # what generate resolves without --target
+    assert args.max_decode_length == D.max_decode_length["translation"]
+    assert "--mesh" in generate and f"the default is {D.fixed_gamma}" in generate
+    translate = _help("translate", capsys)
+    assert "--mesh" not in translate and "--data-parallel" not in translate
+    assert f"(default: {D.max_decode_length['translation']})" in translate

@@ -1,4 +1,4 @@
-"""``benchmarks/select_layers.py``, which made the small pair's 2-decoder-layer draft's starting point.
+"""``python benchmarks/training.py select-layers``, which made the small pair's 2-decoder-layer draft's starting point.
 
 The reference is T5's pre-norm residual structure: a decoder layer whose three output projections (self-attention
 ``out``, cross-attention ``out``, MLP ``wo``) are zero adds nothing to the residual stream, so it is the identity.
@@ -22,7 +22,7 @@ REPO = Path(__file__).parents[1]
 
 
 def _select_layers_module():
-    spec = importlib.util.spec_from_file_location("select_layers", REPO / "benchmarks" / "select_layers.py")
+    spec = importlib.util.spec_from_file_location("training", REPO / "benchmarks" / "training.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -53,7 +53,8 @@ def _deep_model() -> T5Model:
 def test_kept_layers_compute_what_the_deep_model_computes(tmp_path):
     deep = _deep_model()
     save_checkpoint(deep, tmp_path / "deep")
-    _select_layers_module().main([str(tmp_path / "deep"), str(tmp_path / "cut"), "--decoder-layers", "0", "3"])
+    cut_layers = _select_layers_module().select_layers_main
+    cut_layers([str(tmp_path / "deep"), str(tmp_path / "cut"), "--decoder-layers", "0", "3"])
     cut = load_checkpoint(tmp_path / "cut")
     assert (cut.config.num_encoder_layers, cut.config.num_decoder_layers) == (2, 2)
     rng = np.random.default_rng(0)
@@ -72,4 +73,5 @@ def test_kept_layers_compute_what_the_deep_model_computes(tmp_path):
 def test_bad_layer_indices_are_refused(tmp_path, layers):
     save_checkpoint(_deep_model(), tmp_path / "deep")
     with pytest.raises(SystemExit, match="give distinct indices in \\[0, 4\\)"):
-        _select_layers_module().main([str(tmp_path / "deep"), str(tmp_path / "cut"), "--decoder-layers", *layers])
+        cut_layers = _select_layers_module().select_layers_main
+        cut_layers([str(tmp_path / "deep"), str(tmp_path / "cut"), "--decoder-layers", *layers])

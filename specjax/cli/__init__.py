@@ -14,25 +14,44 @@ import sys
 # Subcommand name -> module under specjax.cli. Order is the order shown in --help.
 SUBCOMMANDS = ("demo", "translate", "generate", "convert", "train", "bench", "aot")
 
+# What the shipped pairs suit, said wherever a command offers them (--help of demo / translate / generate, the demo's
+# first line): trained on Multi30k, they translate short image captions and garble other English.
+SHIPPED_PAIR_DOMAIN = (
+    "The shipped English->German pairs were trained on Multi30k image captions (short descriptions of a photo) and "
+    "garble other text; for other text load a real T5 checkpoint with --target/--draft (Hugging Face or T5X "
+    "directories, e.g. Flan-T5; docs/models.md)."
+)
 
-def add_decoding_args(p: argparse.ArgumentParser, *, task: str, seed_help: str = "PRNG seed for sampling") -> None:
+
+def add_decoding_args(
+    p: argparse.ArgumentParser, *, task: str, seed_help: str = "PRNG seed for sampling", fixed_gamma_flags: str = ""
+) -> None:
     """The speculative-sampling flags shared by subcommands: --gamma, --temperature, --top-k, --top-p,
     --max-decode-length (tokens) and --seed, with the defaults of ``specjax.defaults.DECODE_DEFAULTS``.
 
     ``--gamma`` and ``--max-decode-length`` default to None here; ``resolve_decoding_defaults(args, task)`` fills
     them in (γ "auto"; the task's length) once the subcommand knows its task. ``task``: "translation" or "text",
-    as the help text shows it ("text" commands may resolve to "translation" with the shipped pair).
+    as the help text shows it ("text" commands resolve to "translation" with the shipped pair).
+    ``fixed_gamma_flags``: the subcommand's flags that compile one fixed γ (e.g. "--mesh / --data-parallel"), named
+    in --gamma's help; empty for a subcommand without them.
     """
     from specjax.defaults import DECODE_DEFAULTS as D
 
-    lengths = ", ".join(f"{n} for {t}" for t, n in D.max_decode_length.items())
+    if task == "text":  # the shipped pair translates: "text" is the length with --target checkpoints
+        lengths = (
+            f"{D.max_decode_length['translation']} with the shipped pair, {D.max_decode_length['text']} with "
+            "--target checkpoints"
+        )
+    else:
+        lengths = str(D.max_decode_length[task])
+    fixed = f" (with {fixed_gamma_flags} the default is {D.fixed_gamma})" if fixed_gamma_flags else ""
     p.add_argument(
         "--gamma",
         type=gamma_arg,
         default=None,
         help=f"draft tokens per target call: 'auto' (the default: chosen per call from measured costs and the "
         f"running alpha, specjax.Decoder; the target alone when that is faster), 0 (the target alone) or an int "
-        f">= 1 (with --mesh / --data-parallel the default is {D.fixed_gamma})",
+        f">= 1{fixed}",
     )
     p.add_argument("--verbose", action="store_true", help="print each call's gamma choice and its reason (stderr)")
     p.add_argument(
@@ -44,7 +63,7 @@ def add_decoding_args(p: argparse.ArgumentParser, *, task: str, seed_help: str =
         "--max-decode-length",
         type=int,
         default=None,
-        help=f"output tokens per line at most (default: {lengths}; this command's: {task})",
+        help=f"output tokens per line at most (default: {lengths})",
     )
     p.add_argument("--seed", type=int, default=D.seed, help=f"{seed_help} (default {D.seed})")
     p.add_argument(

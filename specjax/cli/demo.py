@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from specjax.cli import add_size_arg, gamma_arg
+from specjax.cli import SHIPPED_PAIR_DOMAIN, add_size_arg, gamma_arg
 
 
 def add_parser(sub) -> None:
@@ -19,7 +19,7 @@ def add_parser(sub) -> None:
         "sentences (Multi30k test 2016 when ../shared/data is present, else sentences shipped "
         "with the package), prints each translation, the acceptance rate, tokens per target "
         "call and the speedup over temperature_sample measured in the same run (batch 1, "
-        "after compilation).",
+        "after compilation). " + SHIPPED_PAIR_DOMAIN,
     )
     p.add_argument("--num-lines", type=int, default=24, help="sentences to translate (default 24)")
     p.add_argument(
@@ -82,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
     from specjax import bench, hardware
     from specjax.defaults import DEMO_GAMMA, demo_sentences, load_default_pair
 
+    print(SHIPPED_PAIR_DOMAIN, file=sys.stderr)  # first: what the pair suits, before a minute of work
     print(
         f"dtype path: {why}" if "CPU" in why else f"machine: {hardware.cpu_info().describe()}; {why}", file=sys.stderr
     )

@@ -21,7 +21,7 @@ import argparse
 import os
 import sys
 
-from specjax.cli import add_decoding_args, add_size_arg, resolve_decoding_defaults
+from specjax.cli import SHIPPED_PAIR_DOMAIN, add_decoding_args, add_size_arg, resolve_decoding_defaults
 from specjax.cli._common import OutputLines, check_output_path, lines_done
 from specjax.cli._lines import encode_lines, output_text
 
@@ -35,7 +35,7 @@ def add_parser(sub) -> None:
         help="decode a file of input lines with speculative sampling",
         description="Reads input lines, decodes them in batches with speculative sampling (Leviathan et al. "
         "2023) and writes one output line per input line, in input order. Resumes after the lines "
-        "already in --output. Prints acceptance rate, tokens per target call and tokens/second.",
+        "already in --output. Prints acceptance rate, tokens per target call and tokens/second. " + SHIPPED_PAIR_DOMAIN,
     )
     p.add_argument("--target", help="target checkpoint (T5X or Hugging Face); default: the embedded pair")
     p.add_argument(
@@ -54,7 +54,12 @@ def add_parser(sub) -> None:
         "without --target/--draft)",
     )
     p.add_argument("--prefix", default="", help='task prefix, e.g. "translate English to German: "')
-    add_decoding_args(p, task="text", seed_help="PRNG seed (line i uses fold_in(seed key, i))")
+    add_decoding_args(
+        p,
+        task="text",
+        seed_help="PRNG seed (line i uses fold_in(seed key, i))",
+        fixed_gamma_flags="--mesh / --data-parallel",
+    )
     add_size_arg(p)
     p.add_argument("--batch-size", type=int, default=32, help="rows per decode call (default 32)")
     p.add_argument("--max-input-length", type=int, default=512, help="most input tokens per line (with EOS)")

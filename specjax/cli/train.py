@@ -257,7 +257,7 @@ def _model_sizes():
     }
     # The small pair's shipped distilled draft: the same with 2 decoder
     # layers (1.61M per-token multiply-adds, 1/14.2 of the target), its first and last layers kept
-    # (benchmarks/select_layers.py) and distilled again; a draft step on a CPU is mostly per-op overhead,
+    # (benchmarks/training.py select-layers) and distilled again; a draft step on a CPU is mostly per-op overhead,
     # so the decoder's depth is what it costs (docs/training.md).
     sizes["small-draft-shallow"] = sizes["small-draft"].replace(num_decoder_layers=2)
     return sizes

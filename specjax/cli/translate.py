@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from specjax.cli import add_decoding_args, add_size_arg, resolve_decoding_defaults
+from specjax.cli import SHIPPED_PAIR_DOMAIN, add_decoding_args, add_size_arg, resolve_decoding_defaults
 
 
 def add_parser(sub) -> None:
@@ -14,7 +14,7 @@ def add_parser(sub) -> None:
         "translate",
         help="translate English sentences given as arguments",
         description="Translates each argument English->German with the embedded default "
-        "pair (or --target/--draft checkpoints) by speculative sampling.",
+        "pair (or --target/--draft checkpoints) by speculative sampling. " + SHIPPED_PAIR_DOMAIN,
     )
     p.add_argument("text", nargs="+", help="English sentences")
     p.add_argument("--target", help="target checkpoint (default: the embedded pair)")

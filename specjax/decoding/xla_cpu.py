@@ -19,7 +19,7 @@ against 1.25 / 1.21 / 1.25 (relative to the target alone with them); at batch 2 
 4: the target alone 401 ms against 324 with XLA's defaults, γ 3 493 against 319; a batch of 32: the target alone
 3.98 s against 3.11 s (the encoder alone, [32, 64] tokens: 1.31 s against 1.07 s).
 
-bfloat16 is the other way round (the small pair; `benchmarks/dtype_loops.py`): XLA:CPU's own dot
+bfloat16 is the other way round (the small pair; `benchmarks/decoding.py dtypes`): XLA:CPU's own dot
 thunks have no native bfloat16 kernel, while YNNPACK's run bfloat16 x bfloat16 -> float32 with AVX512-BF16. With
 the options above a bfloat16 target's speculative loop was slower than the float32 target's (γ 3: 0.90x the
 float32 baseline); with XLA's defaults the same loop ran 1.57x (γ 3) and 1.77x (γ 5) the float32 baseline,

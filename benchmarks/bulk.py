@@ -1,9 +1,37 @@
-"""Bulk decoding against today's static batches and CTranslate2's own bulk API, each engine in its own process.
+"""Bulk decoding (``specjax.BulkDecoder``) measured: speed against static batches and CTranslate2, exactness
+against each line alone, and where a bulk decode's time goes.
 
-    python benchmarks/bulk_bench.py --lines 500 --batch 32 \\
+    python benchmarks/bulk.py speed --lines 500 --batch 32 --out benchmarks/results/bulk/NAME.md
+    python benchmarks/bulk.py identity --lines 1000 --batch 32 --gamma 0 --dtype float32 --out RESULTS.md
+    python benchmarks/bulk.py profile --lines 128 --batch 32 --dtype float32 --out benchmarks/results/bulk/NAME.md
+
+Each subcommand's ``--help`` gives its flags; its docstring below says what it measures. Results:
+``benchmarks/results/bulk/`` (docs/benchmarks.md, "Bulk decoding").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+# ------------------------------------------------------------------------------------------------------------
+# speed (formerly benchmarks/bulk_bench.py)
+
+_SPEED_DOC = """\
+Bulk decoding against today's static batches and CTranslate2's own bulk API, each engine in its own process.
+
+    python benchmarks/bulk.py speed --lines 500 --batch 32 \\
         --out benchmarks/results/bulk/2026-12-07_amd-epyc-zen4-2core.md   # writes that markdown file
 
-Engines (one process each; the driver starts ``python benchmarks/bulk_bench.py --engine NAME ...`` per engine and
+Engines (one process each; the driver starts ``python benchmarks/bulk.py speed --engine NAME ...`` per engine and
 reads the JSON line it prints):
 
 - ``bulk``: ``specjax.bulk.BulkDecoder`` (slots refilled, inputs sorted by length in a read-ahead window of 16
@@ -21,18 +49,6 @@ one), the second is reported (tokens/s, lines/s, time to the first output line);
 (``ru_maxrss``). The greedy outputs of bulk and static are compared line by line (float32: identical).
 """
 
-from __future__ import annotations
-
-import argparse
-import json
-import os
-import resource
-import subprocess
-import sys
-import tempfile
-import time
-
-import numpy as np
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data", "wmt", "newstest2014.en")
 
@@ -193,6 +209,7 @@ def _drive(args) -> None:
         cmd = [
             sys.executable,
             os.path.abspath(__file__),
+            "speed",
             "--engine",
             name,
             "--lines",
@@ -242,7 +259,7 @@ def _report(args, engines) -> None:
         "end (the machine is shared: compare tokens per CPU-second). Shipped "
         f"{args.size} pair, dtype {args.dtype}, at most {args.max_decode_length} output tokens. Each engine in its "
         "own process; the second of two rounds in the process is reported (the first compiles); peak RSS is the "
-        "process's. Command: `python benchmarks/bulk_bench.py " + " ".join(sys.argv[1:]) + "`.",
+        "process's. Command: `python benchmarks/bulk.py speed " + " ".join(sys.argv[1:]) + "`.",
         "",
         "| engine | tokens/s | tokens per CPU-s | lines/s | first line (s) | cold first line (s) | peak RSS (MiB) "
         "| α | "
@@ -288,8 +305,8 @@ def _report(args, engines) -> None:
             f.write(text)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def speed() -> None:
+    p = argparse.ArgumentParser(description=_SPEED_DOC.splitlines()[0])
     p.add_argument("--engine", choices=["bulk", "static", "ct2"], help="run one engine here and print JSON")
     p.add_argument(
         "--engines",
@@ -328,5 +345,203 @@ def main() -> None:
         _drive(args)
 
 
+# ------------------------------------------------------------------------------------------------------------
+# identity (formerly benchmarks/bulk_identity.py)
+
+_IDENTITY_DOC = """\
+Greedy bulk output against each line decoded alone: the exactness goal of bulk decoding on real text.
+
+    python benchmarks/bulk.py identity --lines 1000 --batch 32 --gamma 0 --dtype float32 \\
+        --out benchmarks/results/bulk/NAME.md
+
+Decodes the first ``--lines`` lines of newstest2014 (en) greedily through ``specjax.bulk.BulkDecoder`` at
+``--batch`` slots (``--gamma``: 0 the target alone, an int, or auto), then each line alone with
+``temperature_sample`` at batch 1 (padded to a power of two >= 16, as one slot pads it), and counts the lines whose
+tokens are identical. The alone decodes are the reference: no slot, no neighbour, no refill.
+"""
+
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def identity() -> None:
+    p = argparse.ArgumentParser(description=_IDENTITY_DOC.splitlines()[0])
+    p.add_argument("--lines", type=int, default=1000)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--gamma", default="0")
+    p.add_argument("--dtype", default="float32", choices=["auto", "float32", "bfloat16"])
+    p.add_argument("--max-decode-length", type=int, default=128)
+    p.add_argument("--data", default=DATA)
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+
+    import jax
+
+    import specjax
+    from specjax import temperature_sample
+    from specjax.bulk import BulkDecoder
+    from specjax.cli._common import enable_caches
+    from specjax.decoding.inputs import bucket_length
+
+    enable_caches()
+    target, draft, tok = specjax.load_default_pair(dtype=args.dtype)
+    with open(args.data, encoding="utf-8") as f:
+        rows = [tok.encode(line) for line in f.read().splitlines()[: args.lines]]
+    gamma = args.gamma if args.gamma == "auto" else int(args.gamma)
+    t0 = time.perf_counter()
+    bulk = BulkDecoder(
+        target,
+        draft if gamma != 0 else None,
+        batch_size=args.batch,
+        gamma=gamma,
+        max_decode_length=args.max_decode_length,
+    )
+    got = [r.tokens for r in bulk.generate(rows, temperature=0.0, rng=0, progress=True)]
+    bulk_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    differ = []
+    for i, row in enumerate(rows):
+        x = np.zeros((1, bucket_length(len(row), 512, minimum=16)), np.int32)
+        x[0, : len(row)] = row
+        r = jax.device_get(
+            temperature_sample(
+                target, x, rng=jax.random.PRNGKey(0), max_decode_length=args.max_decode_length, temperature=0.0
+            )
+        )
+        alone = r.sequences[0, : int(r.lengths[0])]
+        if not np.array_equal(alone, got[i]):
+            differ.append(i)
+    alone_s = time.perf_counter() - t0
+    text = "\n".join(
+        [
+            f"# Greedy bulk output against each line alone: newstest2014, first {len(rows)} lines, "
+            f"{target.config.dtype}",
+            "",
+            f"Command: `python benchmarks/bulk.py identity {' '.join(sys.argv[1:])}`; bulk {args.batch} slots, γ "
+            f"{args.gamma} (runs by γ {bulk.stats.gammas}); at most {args.max_decode_length} tokens.",
+            "",
+            f"- identical: {len(rows) - len(differ)} of {len(rows)} lines"
+            + (f" (differing: {differ[:20]})" if differ else ""),
+            f"- tokens: {sum(len(g) for g in got)}; wall seconds, bulk {bulk_s:.0f}, alone {alone_s:.0f} (machine "
+            f"shared, load {os.getloadavg()[0]:.1f} at the end)",
+            "",
+        ]
+    )
+    print(text)
+    if args.out:
+        os.makedirs(os.path.dirname(args.out), exist_ok=True)
+        with open(args.out, "w", encoding="utf-8") as f:
+            f.write(text)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# profile (formerly benchmarks/bulk_profile.py)
+
+_PROFILE_DOC = """\
+Where a bulk decode's time goes: a ``jax.profiler`` trace of the real compiled slot loop (STYLE.md item 16).
+
+    python benchmarks/bulk.py profile --lines 128 --batch 32 --dtype float32 --out benchmarks/results/bulk/NAME.md
+
+``specjax.bulk.BulkDecoder`` decodes the first ``--lines`` newstest2014 lines (greedy, the target alone by default,
+``--gamma``) through ``--batch`` slots once untraced (compiles), then twice: once timed, once under the profiler
+(``specjax.bench.profile.profile_calls``). The report gives, per run of the slot loop (``SlotPrograms.run``): the
+loop's wall time per iteration and the thunk time per named scope and per HLO op (the 12 costliest, summed over
+threads), the other programs a decode runs (the inserts with their encoders, the key folding) per decode, and the
+host time left; beside it the FLOPs floor of one iteration at this machine's measured matmul throughput
+(``profile.machine_limits``, ``profile.model_costs``).
+"""
+
+
+def profile() -> None:
+    p = argparse.ArgumentParser(description=_PROFILE_DOC.splitlines()[0])
+    p.add_argument("--lines", type=int, default=128)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--gamma", default="0", help="0 (the target alone), an int, or auto")
+    p.add_argument("--dtype", default="float32", choices=["auto", "float32", "bfloat16"])
+    p.add_argument("--max-decode-length", type=int, default=128)
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+
+    import specjax
+    from specjax.bench import profile
+    from specjax.bulk import BulkDecoder
+    from specjax.cli._common import enable_caches
+    from specjax.hardware import cpu_info
+
+    enable_caches()
+    target, draft, tok = specjax.load_default_pair(dtype=args.dtype)
+    with open(DATA, encoding="utf-8") as f:
+        rows = [tok.encode(line) for line in f.read().splitlines()[: args.lines]]
+    gamma = args.gamma if args.gamma == "auto" else int(args.gamma)
+    bulk = BulkDecoder(
+        target,
+        draft if gamma != 0 else None,
+        batch_size=args.batch,
+        gamma=gamma,
+        max_decode_length=args.max_decode_length,
+    )
+    tokens = [0]
+
+    def call(_j):
+        tokens[0] = sum(len(r.tokens) for r in bulk.generate(rows, temperature=0.0, rng=0))
+
+    prof = profile.profile_calls(call, 1)
+    s = bulk.stats
+    limits = profile.machine_limits()
+    costs = profile.model_costs(target)
+    out = [
+        f"# Profile of bulk decoding: {args.lines} newstest2014 lines, {args.batch} slots, γ {args.gamma}, "
+        f"{target.config.dtype}",
+        "",
+        f"CPU: {cpu_info().describe()}; load average at the start "
+        f"{os.getloadavg()[0]:.1f}. Command: `python benchmarks/bulk.py profile {' '.join(sys.argv[1:])}`.",
+        "",
+        f"- one decode of the lines: {prof.call_ms / 1e3:.2f} s untraced ({tokens[0]} tokens, "
+        f"{tokens[0] / prof.call_ms * 1e3:.0f} tokens/s), {s.runs} runs of the slot loop, {s.iterations} iterations",
+        f"- the slot loop: {prof.iteration_ms:.2f} ms per iteration ({args.batch} slots: "
+        f"{prof.iteration_ms / args.batch:.3f} ms per slot-token), {prof.thunks_per_iteration:.0f} thunks per "
+        f"iteration; {prof.calls} loop runs traced",
+        "- per iteration by scope (thunk ms, summed over threads): "
+        + ", ".join(f"{k} {v:.2f}" for k, v in sorted(prof.scope_ms_per_iteration.items(), key=lambda kv: -kv[1])),
+        "- other programs per decode (ms): "
+        + ", ".join(f"{k} {v:.0f}" for k, v in sorted(prof.other_programs_ms.items(), key=lambda kv: -kv[1])[:8]),
+        f"- host time per decode not in any program: {prof.host_ms:.0f} ms",
+        f"- machine: matmul {limits['matmul_gflop_s']:.0f} GFLOP/s, copy {limits['memory_gb_s']:.1f} GB/s; the "
+        f"target's decoder FLOPs per token {costs['flops_per_token'] / 1e6:.0f} M: floor "
+        f"{costs['flops_per_token'] * args.batch / (limits['matmul_gflop_s'] * 1e9) * 1e3:.2f} ms per iteration of "
+        f"{args.batch} slots",
+        "",
+        "| op (12 costliest in the loop) | scope | ms per iteration | runs per iteration |",
+        "|---|---|---|---|",
+    ]
+    out += [f"| `{op}` | {scope} | {ms:.3f} | {n:.1f} |" for op, scope, ms, n in prof.top_ops]
+    text = "\n".join(out) + "\n"
+    print(text)
+    if args.out:
+        os.makedirs(os.path.dirname(args.out), exist_ok=True)
+        with open(args.out, "w", encoding="utf-8") as f:
+            f.write(text)
+
+
+SUBCOMMANDS = {
+    "speed": (speed, _SPEED_DOC),
+    "identity": (identity, _IDENTITY_DOC),
+    "profile": (profile, _PROFILE_DOC),
+}
+
+
+def main() -> int:
+    """``python benchmarks/NAME.py SUBCOMMAND [flags]``: runs SUBCOMMAND with the flags its ``--help`` lists."""
+    if len(sys.argv) < 2 or sys.argv[1] not in SUBCOMMANDS:
+        print(__doc__.strip().split("\n\n")[0] + "\n\nsubcommands (each with --help):", file=sys.stderr)
+        for name, (_, doc) in SUBCOMMANDS.items():
+            print(f"  {name:14s} {doc.strip().splitlines()[0]}", file=sys.stderr)
+        return 0 if sys.argv[1:2] in (["-h"], ["--help"]) else 2
+    sub = sys.argv.pop(1)
+    sys.argv[0] = f"{sys.argv[0]} {sub}"
+    code = SUBCOMMANDS[sub][0]()
+    return code if isinstance(code, int) else 0
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

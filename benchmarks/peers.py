@@ -1,4 +1,36 @@
-"""Every T5 family specjax reads, against transformers' PyTorch implementation: one table row per family.
+"""specjax beside other engines and implementations, each run in its own process where time is measured.
+
+    python benchmarks/peers.py families --output benchmarks/results/families/NAME.md   # every T5 family vs PyTorch
+    python benchmarks/peers.py first-run --runs 2 > RESULT.md   # whole ``specjax demo`` processes, cold then warm cache
+
+Speed against Hugging Face transformers and CTranslate2 is ``specjax bench --hf`` / ``--against ctranslate2``
+(docs/benchmarks.md, "Peers"); this script holds the comparisons that need a process or a library of their own.
+Each subcommand's ``--help`` gives its flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import torch
+import transformers
+
+import specjax
+
+# ------------------------------------------------------------------------------------------------------------
+# families (formerly benchmarks/families_vs_pytorch.py)
+
+_FAMILIES_DOC = """\
+Every T5 family specjax reads, against transformers' PyTorch implementation: one table row per family.
 
 For each family a tiny random model with that family's layout (``model_type``, ``feed_forward_proj``, tied or
 untied head, shared or per-layer relative position tables, vocabulary size, special ids, head width) is
@@ -10,28 +42,13 @@ decode (``specjax.temperature_sample``). Heads are tied or untied as each family
 Shapes are tiny (d_model 32) and the weights random: the table is about the architecture and parameter mapping,
 not the released weights, which are too large to fetch here.
 
-    python benchmarks/families_vs_pytorch.py \
+    python benchmarks/peers.py families \
         --output benchmarks/results/families/2026-12-06_logits_vs_pytorch.md
 
 Cited by docs/models.md ("Families and sizes"). About 2 minutes of CPU time (10 minutes of wall time on a 2-core VM
 shared with other jobs); needs torch and transformers.
 """
 
-from __future__ import annotations
-
-import argparse
-import os
-import platform
-import sys
-import tempfile
-from pathlib import Path
-
-import jax
-import numpy as np
-import torch
-import transformers
-
-import specjax
 
 TINY = dict(
     vocab_size=128,
@@ -45,11 +62,15 @@ TINY = dict(
     relative_attention_num_buckets=16,
     relative_attention_max_distance=32,
 )
+
+
 CLASSES = {
     "t5": (transformers.T5Config, transformers.T5ForConditionalGeneration),
     "mt5": (transformers.MT5Config, transformers.MT5ForConditionalGeneration),
     "umt5": (transformers.UMT5Config, transformers.UMT5ForConditionalGeneration),
 }
+
+
 # (row label, who uses it, model_type, config fields): the issue's table, one layout per family.
 FAMILIES = [
     ("T5 1.0", "the original T5", "t5", dict(feed_forward_proj="relu")),
@@ -157,8 +178,8 @@ def _cpu_name() -> str:
     return platform.machine()
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def families(argv=None) -> int:
+    p = argparse.ArgumentParser(description=_FAMILIES_DOC.splitlines()[0])
     p.add_argument("--output", help="markdown file to write (default: stdout)")
     args = p.parse_args(argv)
     rows = []
@@ -171,7 +192,7 @@ def main(argv=None) -> int:
     lines = [
         "# T5 families: specjax against transformers (PyTorch), float32",
         "",
-        f"`python benchmarks/families_vs_pytorch.py` on {_cpu_name()} ({os.cpu_count()} cores, "
+        f"`python benchmarks/peers.py families` on {_cpu_name()} ({os.cpu_count()} cores, "
         f"{platform.system()}), jax {jax.__version__}, transformers {transformers.__version__}, "
         f"torch {torch.__version__}. Tiny random models (d_model 32, 4 heads, 2+2 layers; ByT5 3+2) written by "
         "transformers' `save_pretrained`, read by `specjax.load_checkpoint`; a batch of 4 padded rows, 8 decoder "
@@ -195,6 +216,89 @@ def main(argv=None) -> int:
     else:
         sys.stdout.write(text)
     return 0 if all(r["max_diff"] < 1e-4 and r["greedy_equal"] for r in rows) else 1
+
+
+# ------------------------------------------------------------------------------------------------------------
+# first-run (formerly benchmarks/demo_first_run.py)
+
+_FIRST_RUN_DOC = """\
+A newcomer's first and second ``specjax demo``: wall time to the first translation and to the end, with an empty
+cache directory and then with the one the first run filled (XLA's compiled programs, γ auto's measured costs).
+
+    python benchmarks/peers.py first-run --runs 2 [--size small] [demo flags ...] > RESULT.md
+
+Each run is ``python -m specjax demo --cache-dir DIR`` in its own process, started from the repository root; the
+first translation is the first ``DE:`` line on stdout. Prints a Markdown table with the machine (CPU model, flags,
+load average before each run) and the demo's own compile / first-pass / cost-measurement line.
+"""
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def one_run(cache: str, extra: list[str]) -> dict:
+    """Runs the demo once; returns wall seconds to the first translation and to the end, and its timing lines."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)  # the command's default: under --cache-dir
+    load = os.getloadavg()[0]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specjax", "demo", "--cache-dir", cache, *extra],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    first, lines = None, []
+    for line in proc.stdout:
+        if first is None and line.startswith("DE:"):
+            first = time.perf_counter() - t0
+        lines.append(line.rstrip("\n"))
+    status = proc.wait()
+    total = time.perf_counter() - t0
+    timing = [line for line in lines if line.startswith(("speedup", "not timed"))]
+    return dict(status=status, first=first, total=total, load=load, timing=timing)
+
+
+def first_run() -> None:
+    parser = argparse.ArgumentParser(description=_FIRST_RUN_DOC.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=2)
+    args, extra = parser.parse_known_args()
+    from specjax.hardware import cpu_info
+
+    info = cpu_info()
+    print(f"CPU: {info.describe()}; {sys.version.split()[0]}; demo flags: {' '.join(extra) or '(none)'}\n")
+    print("| run | cache | load average before | first translation s | whole demo s | exit |")
+    print("|---|---|---|---|---|---|")
+    notes = []
+    with tempfile.TemporaryDirectory(prefix="specjax-demo-cache-") as cache:
+        for i in range(1, args.runs + 1):
+            r = one_run(cache, extra)
+            state = "empty" if i == 1 else "filled by run 1"
+            first = f"{r['first']:.1f}" if r["first"] is not None else "-"
+            print(f"| {i} | {state} | {r['load']:.1f} | {first} | {r['total']:.1f} | {r['status']} |")
+            notes += [f"run {i}: {line}" for line in r["timing"]]
+    print("\n" + "\n".join(f"- {n}" for n in notes))
+
+
+SUBCOMMANDS = {
+    "families": (families, _FAMILIES_DOC),
+    "first-run": (first_run, _FIRST_RUN_DOC),
+}
+
+
+def main() -> int:
+    """``python benchmarks/NAME.py SUBCOMMAND [flags]``: runs SUBCOMMAND with the flags its ``--help`` lists."""
+    if len(sys.argv) < 2 or sys.argv[1] not in SUBCOMMANDS:
+        print(__doc__.strip().split("\n\n")[0] + "\n\nsubcommands (each with --help):", file=sys.stderr)
+        for name, (_, doc) in SUBCOMMANDS.items():
+            print(f"  {name:14s} {doc.strip().splitlines()[0]}", file=sys.stderr)
+        return 0 if sys.argv[1:2] in (["-h"], ["--help"]) else 2
+    sub = sys.argv.pop(1)
+    sys.argv[0] = f"{sys.argv[0]} {sub}"
+    code = SUBCOMMANDS[sub][0]()
+    return code if isinstance(code, int) else 0
 
 
 if __name__ == "__main__":
