@@ -495,8 +495,8 @@ class BulkDecoder:
           ``LineResult`` for inputs ``start_index``, ``start_index + 1``, ...
         Raises:
           ValueError: an input that is empty, holds ids outside the vocabulary, or is longer than
-            ``max_input_length`` without ``truncate`` (naming its index; raised when its read-ahead window is
-            read, so lines already yielded stay yielded); sampling values out of range.
+            ``max_input_length`` without ``truncate`` (naming its index; raised after every line before it is
+            yielded, so nothing valid is lost); sampling values out of range.
         """
         from specjax.decoding.inputs import raw_keys
         from specjax.sampling import validate_sampling
@@ -553,17 +553,21 @@ class BulkDecoder:
         order: collections.deque = collections.deque()  # indices read, in read order: the emit order
         finished: dict = {}  # index -> LineResult, waiting for an earlier line
         gamma_now = self._gamma_now  # a later call goes on with the γ the last one ran
+        refused = None  # an input's ValueError: raised once every line before it is yielded
 
         def read_window():
-            nonlocal exhausted
+            nonlocal exhausted, refused
             window = []
             for _ in range(self.read_ahead * b):
                 try:
                     i, row = next(pairs)
+                    window.append((i, self._check_row(i, row)))
                 except StopIteration:
                     exhausted = True
                     break
-                window.append((i, self._check_row(i, row)))
+                except ValueError as e:  # no more reading; the lines before it finish first
+                    exhausted, refused = True, e
+                    break
                 order.append(i)
             window.sort(key=lambda x: (len(x[1]), -x[0]))  # shortest first; pop() takes the longest
             return window
@@ -680,6 +684,8 @@ class BulkDecoder:
             stats.seconds = time.perf_counter() - t0
         while order and order[0] in finished:  # nothing can be left, but never lose a line
             yield finished.pop(order.popleft())
+        if refused is not None:
+            raise refused
 
     def _first_gamma(self, take, width: int, greedy: float) -> int:
         """The γ of the first run: the fixed γ, or γ auto's choice of kind (and γ) from the costs at ``b`` slots
