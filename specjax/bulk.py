@@ -50,6 +50,7 @@ import collections
 import dataclasses
 import itertools
 import time
+import warnings
 from typing import Callable, Iterable, Iterator, Sequence
 
 import jax
@@ -285,13 +286,13 @@ class BulkDecoder:
         least 1); the inserts of a run take groups of ``refill`` × a power of two rows (one program each).
       candidates, alpha_prior, cost_cache, costs: as ``specjax.Decoder`` (γ auto).
       mesh: None (one device) or a ``("data", "model")`` mesh of this process's devices
-        (``specjax.parallel.make_mesh``): the slots split over "data", the target's weights over "model" by
+        (``specjax.parallel.make_mesh``): the slots split over "data" (``batch_size`` rounded up to a multiple
+        of its size, with a ``UserWarning``), the target's weights over "model" by
         ``rules`` (default ``parallel.STANDARD_RULES``), the draft's replicated; the parameters are placed once.
     Raises:
       ValueError: a gamma that is not "auto" or an int >= 0, or >= 1 without a draft; batch_size, read_ahead or
         refill < 1; and every argument ``speculative_sample`` refuses (vocabularies, pad ids, eos_id); with a
-        mesh: gamma "auto" (its costs are measured on one device), a batch size that is not a multiple of the
-        data axis, a mesh with other processes' devices, and the rules errors of ``parallel.param_shardings``.
+        mesh: gamma "auto" (its costs are measured on one device), a mesh with other processes' devices, and the rules errors of ``parallel.param_shardings``.
     """
 
     def __init__(
@@ -389,6 +390,15 @@ class BulkDecoder:
         from specjax import parallel
         from specjax.decoding.slots import check_slot_mesh
 
+        d = mesh.shape["data"] if tuple(getattr(mesh, "axis_names", ())) == ("data", "model") else 1
+        if self.batch_size % d:  # each device of the data axis holds the same number of slots
+            rounded = -(-self.batch_size // d) * d
+            warnings.warn(
+                f"batch_size={self.batch_size} decode slots rounded up to {rounded}, a multiple of the mesh's data "
+                f"axis of size {d} (outputs are unchanged: a line's result does not depend on the slot count).",
+                stacklevel=3,
+            )
+            self.batch_size = rounded
         check_slot_mesh(mesh, self.batch_size)
         if self.gamma == "auto":
             raise ValueError(
