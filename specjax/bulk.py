@@ -38,7 +38,7 @@ iterable of token rows and yields one ``LineResult`` per input, in input order. 
 - **Several processes** (a multi-host slice, ``jax.process_count() > 1``): each process decodes its share of the
   input on its own devices (``process_share``: line ``i`` goes to process ``i mod count``; the mesh holds this
   process's devices), and the results are merged in input order with JAX's multi-controller runtime
-  (``merge_processes``: every ``read_ahead × b`` lines per process, one ``process_allgather``); every process
+  (``merge_processes``: every ``b`` lines per process, one ``process_allgather``); every process
   yields every line, in order (the CLI writes on process 0). Every process must read the same inputs, and an
   input error stops the processes only where it is raised: check the inputs first (the CLI encodes them all
   before decoding).
@@ -531,7 +531,7 @@ class BulkDecoder:
         pairs = process_share(enumerate(inputs, start_index), me, count)
         stream = self._decode(pairs, key, temperature, top_k, top_p, t0)
         if count > 1:
-            stream = merge_processes(stream, exchange, self.read_ahead * self.batch_size, self.max_decode_length)
+            stream = merge_processes(stream, exchange, self.batch_size, self.max_decode_length)  # rounds of b
         try:
             for r in stream:
                 if bar is not None:
