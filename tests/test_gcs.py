@@ -48,7 +48,7 @@ def bucket(fixtures_dir, spiece_model):
     with socket.socket() as s:
         s.bind(("localhost", 0))
         port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "gcp_storage_emulator", "start", "--port", str(port), "--in-memory"]
+    cmd = [sys.executable, str(Path(__file__).parent / "_gcs_emulator.py"), "start", "--port", str(port), "--in-memory"]
     server = subprocess.Popen(
         cmd + ["--default-bucket", BUCKET], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
