@@ -101,20 +101,24 @@ def test_tokenizer_from_the_bucket(bucket):
 
 
 def test_generate_with_gs_checkpoints_writes_the_local_lines(bucket, tmp_path, capsys):
-    """``specjax generate --target gs://.../orbax/checkpoint_0 --draft gs://.../legacy_ts/checkpoint_0`` (its
-    vocabulary found beside the target in the bucket) writes the lines the same command with the local copies
-    writes (greedy, γ 2)."""
+    """``specjax generate --input gs://.../in.en --target gs://.../orbax/checkpoint_0 --draft
+    gs://.../legacy_ts/checkpoint_0`` (its vocabulary found beside the target in the bucket) writes the lines the
+    same command with the local copies writes (greedy, γ 2)."""
+    import tensorstore as ts
+
     src = tmp_path / "in.en"
     src.write_text("A dog runs on the beach.\nTwo people sit at a table.\n", encoding="utf-8")
-    common = ["generate", "--input", str(src), "--gamma", "2", "--temperature", "0", "--max-decode-length", "6"]
-    remote = common + ["--target", f"gs://{BUCKET}/orbax/checkpoint_0", "--draft", f"gs://{BUCKET}/legacy_ts"]
-    remote[-1] += "/checkpoint_0"
+    ts.KvStore.open({"driver": "gcs", "bucket": BUCKET}).result().write("in.en", src.read_bytes()).result()
+    common = ["generate", "--gamma", "2", "--temperature", "0", "--max-decode-length", "6"]
+    remote = common + ["--input", f"gs://{BUCKET}/in.en", "--target", f"gs://{BUCKET}/orbax/checkpoint_0"]
+    remote += ["--draft", f"gs://{BUCKET}/legacy_ts/checkpoint_0"]
     assert cli(remote + ["--output", str(tmp_path / "remote.txt")]) == 0
     assert f"tokenizer: the target checkpoint's own vocabulary, gs://{BUCKET}/orbax/spiece.model" in (
         capsys.readouterr().err
     )
     fixtures = bucket["fixtures"]
-    local = common + ["--target", str(fixtures / "orbax/checkpoint_0"), "--draft", str(fixtures / "legacy_ts")]
+    local = common + ["--input", str(src), "--target", str(fixtures / "orbax/checkpoint_0")]
+    local += ["--draft", str(fixtures / "legacy_ts")]
     assert cli(local + ["--tokenizer", str(bucket["spiece"]), "--output", str(tmp_path / "local.txt")]) == 0
     lines = (tmp_path / "remote.txt").read_text(encoding="utf-8").splitlines()
     assert len(lines) == 2 and lines == (tmp_path / "local.txt").read_text(encoding="utf-8").splitlines()

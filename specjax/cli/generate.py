@@ -166,9 +166,17 @@ def _checkpoint_tokenizer(args):
 
 
 def _read_lines(path: str) -> list[str]:
-    """The input lines of ``path`` (or stdin for "-"), decoded as UTF-8; an undecodable line raises
-    ValueError naming the file and line."""
-    data = sys.stdin.buffer.read() if path == "-" else open(path, "rb").read()
+    """The input lines of ``path`` (stdin for "-", a Cloud Storage object for gs://), decoded as UTF-8; an
+    undecodable line raises ValueError naming the file and line."""
+    if path == "-":
+        data = sys.stdin.buffer.read()
+    elif path.startswith("gs://"):  # every host of a slice reads the same object (TensorStore's gcs driver)
+        from specjax.checkpoints.t5x import read_gcs_bytes
+
+        data = read_gcs_bytes(path)
+    else:
+        with open(path, "rb") as f:
+            data = f.read()
     lines = data.splitlines()
     out = []
     for i, raw in enumerate(lines):
@@ -188,14 +196,14 @@ def _validate(args):
 
     # The shipped pair translates; checkpoints of one's own may do any task (specjax.defaults.DECODE_DEFAULTS).
     resolve_decoding_defaults(
-        args, "text" if args.target else "translation", fixed=bool(args.data_parallel or args.mesh)
+        args, "text" if args.target else "translation", fixed=bool(args.data_parallel or args.mesh or args.processes)
     )
     validate_sampling(args.temperature, args.top_k, args.top_p)
     auto = args.gamma == "auto" or args.gamma == 0
-    if args.gamma == "auto" and (args.data_parallel or args.mesh):
+    if args.gamma == "auto" and (args.data_parallel or args.mesh or args.processes):
         raise ValueError(
-            "--gamma auto measures its costs on one device (specjax.Decoder); with --data-parallel / --mesh give an "
-            "int gamma (0: the target alone)."
+            "--gamma auto measures its costs on one device (specjax.Decoder); with --data-parallel / --mesh / "
+            "--processes give an int gamma (0: the target alone)."
         )
     for name in ("batch_size", "max_decode_length", "max_input_length") + (() if auto else ("gamma",)):
         if getattr(args, name) < 1:
@@ -207,7 +215,7 @@ def _validate(args):
             file=sys.stderr,
         )
         args.gamma = args.max_decode_length
-    if args.input != "-" and not os.path.exists(args.input):
+    if args.input != "-" and not args.input.startswith("gs://") and not os.path.exists(args.input):
         raise FileNotFoundError(
             f"No input file {args.input!r}; pass a text file with one input per line, or - for stdin."
         )
