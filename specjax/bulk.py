@@ -292,7 +292,8 @@ class BulkDecoder:
     Raises:
       ValueError: a gamma that is not "auto" or an int >= 0, or >= 1 without a draft; batch_size, read_ahead or
         refill < 1; and every argument ``speculative_sample`` refuses (vocabularies, pad ids, eos_id); with a
-        mesh: gamma "auto" (its costs are measured on one device), a mesh with other processes' devices, and the rules errors of ``parallel.param_shardings``.
+        mesh: gamma "auto" (its costs are measured on one device), a mesh with other processes' devices, and the
+        rules errors of ``parallel.param_shardings``.
     """
 
     def __init__(
