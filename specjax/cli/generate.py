@@ -257,6 +257,8 @@ def run(args: argparse.Namespace) -> int:
     """Decodes every not-yet-written input line through the bulk decoder (``specjax.bulk``) and writes one line per
     input, in order, as each is done; returns 0. Raises ValueError/FileNotFoundError on bad input."""
     if args.seqio_task:
+        if args.processes is not None:
+            raise ValueError("--processes runs a file's decode (--input); with --seqio-task run it without.")
         from specjax.cli import seqio_generate
 
         return seqio_generate.run(args)
