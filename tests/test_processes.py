@@ -35,7 +35,7 @@ HERE = Path(__file__).parent
 ROOT = HERE.parent
 DATA = ROOT.parent / "shared" / "data"
 SPIECE = ROOT / "specjax" / "assets" / "mini_pair" / "spiece.model"
-LINES = 40
+LINES = 64
 WAIT = 600  # seconds: the most any child process may take (compiles on a loaded machine)
 
 
@@ -48,7 +48,7 @@ def _env() -> dict:
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory) -> dict:
-    """Tiny target and draft checkpoints, 40 input lines (Multi30k test captions) and the one-process, one-device
+    """Tiny target and draft checkpoints, 64 input lines (Multi30k test captions) and the one-process, one-device
     outputs of ``specjax generate`` for them: greedy and sampled (seed 5)."""
     captions = DATA / "train" / "multi30k" / "test_2016_flickr.en"
     if not captions.exists():
