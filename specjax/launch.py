@@ -137,7 +137,7 @@ def launch_local(
                 bad = [(i, s) for i, s in enumerate(states) if s not in (None, 0)]
                 if bad:
                     first = bad[0]
-                    deadline = time.monotonic() + (0 if first[1] < 0 or first[0] > 0 else STOP_SECONDS)
+                    deadline = time.monotonic() + (0 if first[1] < 0 else STOP_SECONDS)  # killed: stop at once
             if all(s is not None for s in states):
                 break
             if deadline is not None and time.monotonic() >= deadline:

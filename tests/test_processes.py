@@ -196,3 +196,22 @@ def test_model_parallel_sample_across_two_processes_equals_one_device():
             assert r[case]["equal"], (r["process"], case)
             assert r[case]["distinct_rows"] > 1
         assert set(r["speculative_greedy"]["lengths"]) != {8}  # some rows end early (eos 58): uneven rows
+
+
+def test_a_mesh_that_does_not_span_the_processes_is_one_line(setup):
+    """``--processes 2 --devices-per-process 4 --mesh data:2,model:2`` (4 devices, not the 8 of both processes):
+    status 2 and one error line, from process 0, naming the sizes that fit; no output file."""
+    dst = setup["tmp"] / "bad_mesh.txt"
+    argv = setup["common"] + setup["greedy_args"] + ["--output", str(dst), "--processes", "2"]
+    argv += ["--devices-per-process", "4", "--mesh", "data:2,model:2"]
+    log = setup["tmp"] / "bad_mesh.stderr"
+    with open(log, "w", encoding="utf-8") as err:
+        proc = _start(argv, err)
+        try:
+            status = proc.wait(timeout=WAIT)
+        finally:
+            _kill_group(proc)
+    errors = _error_lines(log.read_text(encoding="utf-8", errors="replace"))
+    assert status == 2 and len(errors) == 1, errors
+    assert "the mesh spans every process's devices (8)" in errors[0] and "data:8,model:1" in errors[0]
+    assert not dst.exists()
