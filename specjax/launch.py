@@ -20,6 +20,7 @@ only whole lines, in order (``specjax.cli._common.OutputLines``), and the same c
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -153,6 +154,7 @@ def launch_local(
         for f in files:
             f.close()
     if first is None:
+        shutil.rmtree(logs, ignore_errors=True)  # kept only when a process failed (the message names them)
         return 0
     if procs[0].returncode in (2, 130):
         return procs[0].returncode  # process 0 printed its own error line (a refused argument or input; Ctrl-C)
