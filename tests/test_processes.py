@@ -48,8 +48,13 @@ def _env() -> dict:
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory) -> dict:
-    """Tiny target and draft checkpoints, 64 input lines (Multi30k test captions) and the one-process, one-device
-    outputs of ``specjax generate`` for them: greedy and sampled (seed 5)."""
+    """Tiny target and draft checkpoints, 64 input lines (Multi30k test captions of at most 16 tokens) and the
+    one-process, one-device outputs of ``specjax generate`` for them: greedy and sampled (seed 5).
+
+    At most 16 tokens: every run, whatever lines it resumes from, holds its slots at one encoder width (16), so the
+    sampled comparison may be bit for bit. (DESIGN.md promises a sampled line's output across companies in law, not
+    in bits: a wider slot sums its masked attention in another order, and a last-bit difference can flip a sampled
+    token of these near-uniform random models.)"""
     captions = DATA / "train" / "multi30k" / "test_2016_flickr.en"
     if not captions.exists():
         pytest.fail(f"data not found: {captions}")
@@ -60,8 +65,12 @@ def setup(tmp_path_factory) -> dict:
     target, draft = tmp / "target", tmp / "draft"
     save_checkpoint(T5Model.random(cfg, 0), str(target))
     save_checkpoint(T5Model.random(cfg.replace(num_decoder_layers=1), 1), str(draft))
+    from specjax.tokenizer import Tokenizer
+
+    tok = Tokenizer(SPIECE)
+    lines = [line for line in captions.read_text(encoding="utf-8").splitlines() if len(tok.encode(line)) <= 16]
     src = tmp / "in.en"
-    src.write_text("\n".join(captions.read_text(encoding="utf-8").splitlines()[:LINES]) + "\n", encoding="utf-8")
+    src.write_text("\n".join(lines[:LINES]) + "\n", encoding="utf-8")
     common = ["generate", "--target", str(target), "--draft", str(draft), "--tokenizer", str(SPIECE)]
     common += ["--input", str(src), "--gamma", "2", "--max-decode-length", "8"]
     out = {"tmp": tmp, "common": common}
