@@ -38,7 +38,7 @@ iterable of token rows and yields one ``LineResult`` per input, in input order. 
 - **Several processes** (a multi-host slice, ``jax.process_count() > 1``): each process decodes its share of the
   input on its own devices (``process_share``: line ``i`` goes to process ``i mod count``; the mesh holds this
   process's devices), and the results are merged in input order with JAX's multi-controller runtime
-  (``merge_processes``: every ``read_ahead × b`` lines per process, one ``process_allgather``); every process
+  (``merge_processes``: every ``b`` lines per process, one ``process_allgather``); every process
   yields every line, in order (the CLI writes on process 0). Every process must read the same inputs, and an
   input error stops the processes only where it is raised: check the inputs first (the CLI encodes them all
   before decoding).
@@ -50,6 +50,7 @@ import collections
 import dataclasses
 import itertools
 import time
+import warnings
 from typing import Callable, Iterable, Iterator, Sequence
 
 import jax
@@ -308,13 +309,14 @@ class BulkDecoder:
         least 1); the inserts of a run take groups of ``refill`` × a power of two rows (one program each).
       candidates, alpha_prior, cost_cache, costs: as ``specjax.Decoder`` (γ auto).
       mesh: None (one device) or a ``("data", "model")`` mesh of this process's devices
-        (``specjax.parallel.make_mesh``): the slots split over "data", the target's weights over "model" by
+        (``specjax.parallel.make_mesh``): the slots split over "data" (``batch_size`` rounded up to a multiple
+        of its size, with a ``UserWarning``), the target's weights over "model" by
         ``rules`` (default ``parallel.STANDARD_RULES``), the draft's replicated; the parameters are placed once.
     Raises:
       ValueError: a gamma that is not "auto" or an int >= 0, or >= 1 without a draft; batch_size, read_ahead or
         refill < 1; and every argument ``speculative_sample`` refuses (vocabularies, pad ids, eos_id); with a
-        mesh: gamma "auto" (its costs are measured on one device), a batch size that is not a multiple of the
-        data axis, a mesh with other processes' devices, and the rules errors of ``parallel.param_shardings``.
+        mesh: gamma "auto" (its costs are measured on one device), a mesh with other processes' devices, and the
+        rules errors of ``parallel.param_shardings``.
     """
 
     def __init__(
@@ -413,6 +415,15 @@ class BulkDecoder:
         from specjax import parallel
         from specjax.decoding.slots import check_slot_mesh
 
+        d = mesh.shape["data"] if tuple(getattr(mesh, "axis_names", ())) == ("data", "model") else 1
+        if self.batch_size % d:  # each device of the data axis holds the same number of slots
+            rounded = -(-self.batch_size // d) * d
+            warnings.warn(
+                f"batch_size={self.batch_size} decode slots rounded up to {rounded}, a multiple of the mesh's data "
+                f"axis of size {d} (outputs are unchanged: a line's result does not depend on the slot count).",
+                stacklevel=3,
+            )
+            self.batch_size = rounded
         check_slot_mesh(mesh, self.batch_size)
         if self.gamma == "auto":
             raise ValueError(
@@ -518,8 +529,8 @@ class BulkDecoder:
           ``LineResult`` for inputs ``start_index``, ``start_index + 1``, ...
         Raises:
           ValueError: an input that is empty, holds ids outside the vocabulary, or is longer than
-            ``max_input_length`` without ``truncate`` (naming its index; raised when its read-ahead window is
-            read, so lines already yielded stay yielded); sampling values out of range.
+            ``max_input_length`` without ``truncate`` (naming its index; raised after every line before it is
+            yielded, so nothing valid is lost); sampling values out of range.
         """
         from specjax.decoding.inputs import raw_keys
         from specjax.sampling import validate_sampling
@@ -545,7 +556,7 @@ class BulkDecoder:
         self._status = (lambda text: _bar_status(bar, text)) if bar is not None else None
         stream = self._decode(pairs, key, temperature, top_k, top_p, t0)
         if count > 1:
-            stream = merge_processes(stream, exchange, self.read_ahead * self.batch_size, self.max_decode_length)
+            stream = merge_processes(stream, exchange, self.batch_size, self.max_decode_length)  # rounds of b
         first = True
         try:
             with stored.listening(self._on_program):
@@ -602,17 +613,21 @@ class BulkDecoder:
         order: collections.deque = collections.deque()  # indices read, in read order: the emit order
         finished: dict = {}  # index -> LineResult, waiting for an earlier line
         gamma_now = self._gamma_now  # a later call goes on with the γ the last one ran
+        refused = None  # an input's ValueError: raised once every line before it is yielded
 
         def read_window():
-            nonlocal exhausted
+            nonlocal exhausted, refused
             window = []
             for _ in range(self.read_ahead * b):
                 try:
                     i, row = next(pairs)
+                    window.append((i, self._check_row(i, row)))
                 except StopIteration:
                     exhausted = True
                     break
-                window.append((i, self._check_row(i, row)))
+                except ValueError as e:  # no more reading; the lines before it finish first
+                    exhausted, refused = True, e
+                    break
                 order.append(i)
             window.sort(key=lambda x: (len(x[1]), -x[0]))  # shortest first; pop() takes the longest
             return window
@@ -727,6 +742,8 @@ class BulkDecoder:
             stats.seconds = time.perf_counter() - t0
         while order and order[0] in finished:  # nothing can be left, but never lose a line
             yield finished.pop(order.popleft())
+        if refused is not None:
+            raise refused
 
     def _first_gamma(self, take, width: int, greedy: float) -> int:
         """The γ of the first run: the fixed γ, or γ auto's choice of kind (and γ) from the costs at ``b`` slots

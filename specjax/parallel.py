@@ -252,13 +252,17 @@ def place_decoding_params(fns, params, mesh: Mesh, rules: Rules = STANDARD_RULES
 
 
 def process_mesh(data_parallel: bool = False, mesh: str | None = None) -> Mesh | None:
-    """The mesh ``specjax generate --data-parallel`` / ``--mesh data:N,model:M`` decodes on: ``("data",
-    "model")`` over this process's devices (``jax.local_devices()``; on several processes each decodes its share
-    of the input, ``specjax.bulk``), ``data:<local devices>`` for ``--data-parallel``, None for neither.
+    """The mesh ``specjax generate --data-parallel`` / ``--mesh data:N,model:M`` decodes on, in this process:
+    ``("data", "model")`` over this process's devices (``jax.local_devices()``), ``data:<local devices>`` for
+    ``--data-parallel``, None for neither.
+
+    The spec names the whole run's devices (every process's, ``jax.device_count()``): on ``P`` processes the
+    data axis is split over the processes (each decodes its share of the input, ``specjax.bulk``) and each
+    process gets ``data:N/P,model:M`` of its own devices; so the model axis lies within a process (a host).
 
     Raises:
-      ValueError: both flags given; a malformed mesh or one whose sizes do not multiply to the local device
-        count (see ``make_mesh``).
+      ValueError: both flags given; a malformed mesh (see ``make_mesh``); sizes that do not multiply to the
+        device count of all processes, or a data axis that does not split over the processes.
     """
     if data_parallel and mesh:
         raise ValueError(
@@ -268,7 +272,19 @@ def process_mesh(data_parallel: bool = False, mesh: str | None = None) -> Mesh |
         )
     if not (data_parallel or mesh):
         return None
-    return make_mesh(mesh or None, devices=jax.local_devices())
+    local, count = jax.local_devices(), jax.process_count()
+    if count == 1 or data_parallel:
+        return make_mesh(mesh or None, devices=local)
+    sizes = parse_mesh(mesh)
+    total = jax.device_count()
+    if sizes[DATA] * sizes[MODEL] != total or sizes[DATA] % count:
+        per = len(local)
+        raise ValueError(
+            f"--mesh {mesh} on {count} processes of {per} devices: the mesh spans every process's devices "
+            f"({total}) and its data axis is split over the processes, so N*M must be {total} and N a multiple of "
+            f"{count} (e.g. --mesh data:{total},model:1 or data:{count},model:{per})."
+        )
+    return make_mesh(f"data:{sizes[DATA] // count},model:{sizes[MODEL]}", devices=local)
 
 
 def is_process_zero() -> bool:
@@ -294,7 +310,7 @@ def host_loading():
     import contextlib
 
     try:
-        return jax.default_device(jax.devices("cpu")[0])
+        return jax.default_device(jax.local_devices(backend="cpu")[0])  # this process's (jax.devices: all's)
     except RuntimeError:
         return contextlib.nullcontext()
 
@@ -583,8 +599,11 @@ def maybe_initialize_distributed() -> bool:
     Open MPI, Kubernetes); a no-op on one process (a laptop, a single-host TPU VM, CPU tests).
 
     Detection: ``SPECJAX_DISTRIBUTED=1`` / ``0`` forces it on / off; ``JAX_COORDINATOR_ADDRESS`` set means
-    on; otherwise JAX's own cluster detection (the environments ``jax.distributed.initialize()`` reads).
-    Must run before anything touches a device (call it first thing in the program).
+    on (with ``SPECJAX_NUM_PROCESSES``, ``SPECJAX_PROCESS_ID`` and ``SPECJAX_HEARTBEAT_SECONDS`` passed to
+    ``jax.distributed.initialize`` as ``num_processes``, ``process_id``, ``heartbeat_timeout_seconds``: what
+    ``specjax generate --processes N`` sets, ``specjax.launch``); otherwise JAX's own cluster detection (the
+    environments ``jax.distributed.initialize()`` reads). Must run before anything touches a device (call it
+    first thing in the program).
 
     Returns:
       True if the distributed runtime is (now) initialized, False if this is a single process.
@@ -597,7 +616,7 @@ def maybe_initialize_distributed() -> bool:
     if forced == "0":
         return False
     if forced == "1" or os.environ.get("JAX_COORDINATOR_ADDRESS"):
-        jax.distributed.initialize()
+        jax.distributed.initialize(**_distributed_arguments())
         return True
     try:
         from jax._src import clusters  # JAX's detection of the environments initialize() understands
@@ -610,6 +629,24 @@ def maybe_initialize_distributed() -> bool:
     if detected:
         jax.distributed.initialize()
     return detected
+
+
+def _distributed_arguments() -> dict:
+    """``jax.distributed.initialize`` keyword arguments from ``SPECJAX_NUM_PROCESSES``, ``SPECJAX_PROCESS_ID``
+    and ``SPECJAX_HEARTBEAT_SECONDS`` (each only where set; an int)."""
+    out = {}
+    for env, name in (
+        ("SPECJAX_NUM_PROCESSES", "num_processes"),
+        ("SPECJAX_PROCESS_ID", "process_id"),
+        ("SPECJAX_HEARTBEAT_SECONDS", "heartbeat_timeout_seconds"),
+    ):
+        value = os.environ.get(env)
+        if value:
+            try:
+                out[name] = int(value)
+            except ValueError:
+                raise ValueError(f"{env}={value!r} is not an int.") from None
+    return out
 
 
 @dataclasses.dataclass(frozen=True)

@@ -31,7 +31,8 @@ class Tokenizer:
     """T5 SentencePiece vocabulary: text <-> token ids.
 
     Args:
-      path: a SentencePiece model file (e.g. T5's ``spiece.model``), or a directory holding ``spiece.model``.
+      path: a SentencePiece model file (e.g. T5's ``spiece.model``), or a directory holding ``spiece.model``;
+        or a ``gs://bucket/.../spiece.model`` object (read through TensorStore's gcs driver, as T5X checkpoints).
       extra_ids: sentinel ids appended after the pieces (100 for T5).
 
     Attributes:
@@ -41,7 +42,8 @@ class Tokenizer:
 
     Raises:
       FileNotFoundError: no model file at ``path``.
-      ValueError: the file is not a SentencePiece model.
+      ValueError: the file is not a SentencePiece model; for gs://, a missing bucket or refused credentials
+        (``specjax.checkpoints.CheckpointError``, one line).
     """
 
     @classmethod
@@ -53,17 +55,22 @@ class Tokenizer:
 
     def __init__(self, path: str | os.PathLike, extra_ids: int = 100):
         path = os.fspath(path)
-        if os.path.isdir(path):
-            path = os.path.join(path, "spiece.model")
-        if not os.path.isfile(path):
-            raise FileNotFoundError(
-                f"No SentencePiece model at {path!r}; T5's is 'spiece.model' (e.g. from "
-                "gs://t5-data/vocabs/cc_all.32000/sentencepiece.model or a Hugging Face repo)."
-            )
         if extra_ids < 0:
             raise ValueError(f"extra_ids must be >= 0, got {extra_ids}.")
-        with open(path, "rb") as f:
-            data = f.read()
+        if path.startswith("gs://"):  # Cloud Storage, through TensorStore's gcs driver (as T5X checkpoints)
+            from specjax.checkpoints.t5x import read_gcs_bytes
+
+            data = read_gcs_bytes(path)
+        else:
+            if os.path.isdir(path):
+                path = os.path.join(path, "spiece.model")
+            if not os.path.isfile(path):
+                raise FileNotFoundError(
+                    f"No SentencePiece model at {path!r}; T5's is 'spiece.model' (e.g. from "
+                    "gs://t5-data/vocabs/cc_all.32000/sentencepiece.model or a Hugging Face repo)."
+                )
+            with open(path, "rb") as f:
+                data = f.read()
         try:
             from sentencepiece import sentencepiece_model_pb2
 
@@ -336,6 +343,15 @@ def checkpoint_tokenizer(checkpoint: str | os.PathLike) -> tuple[Tokenizer, str]
     ``config.json`` has ``vocab_size`` 384 (ByT5's, ``Tokenizer.byt5``). None when the folder brings none.
     """
     path = os.fspath(checkpoint)
+    if path.startswith("gs://"):  # a T5X checkpoint in Cloud Storage: spiece.model beside it or one level up
+        from specjax.checkpoints.t5x import _exists
+
+        base = path.rstrip("/")
+        for folder in (base, base.rpartition("/")[0]):
+            model_file = f"{folder}/spiece.model"
+            if _exists(model_file):
+                return Tokenizer(model_file), f"the target checkpoint's own vocabulary, {model_file}"
+        return None
     base = path if os.path.isdir(path) else os.path.dirname(path)
     for folder in (base, os.path.dirname(os.path.abspath(base))):
         model_file = os.path.join(folder, "spiece.model")

@@ -92,13 +92,23 @@ def main() -> dict:
         out["cli_status"] = cli(common + ["--mesh", "data:4,model:2", "--batch-size", "8"])
         out["cli_lines"] = dst.read_text(encoding="utf-8").splitlines()
         out["cli_expected"] = texts
-        common[common.index(str(dst))] = str(Path(tmp) / "other.de")
-        out["cli_uneven_status"] = cli(common + ["--data-parallel", "--batch-size", "12"])
-    try:
-        BulkDecoder(target, draft, batch_size=6, gamma=3, max_decode_length=T, mesh=meshes["data4_model2"])
-        out["uneven_error"] = None
-    except ValueError as e:
-        out["uneven_error"] = str(e)
+        other = Path(tmp) / "other.de"
+        common[common.index(str(dst))] = str(other)
+        import contextlib
+        import io
+
+        note = io.StringIO()
+        with contextlib.redirect_stderr(note):
+            out["cli_uneven_status"] = cli(common + ["--data-parallel", "--batch-size", "13"])
+        out["cli_uneven_lines"] = other.read_text(encoding="utf-8").splitlines()
+        out["cli_uneven_notes"] = [line for line in note.getvalue().splitlines() if line.startswith("note:")]
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        bulk = BulkDecoder(target, draft, batch_size=6, gamma=3, max_decode_length=T, mesh=meshes["data4_model2"])
+    out["uneven_batch"] = bulk.batch_size
+    out["uneven_warnings"] = [str(w.message) for w in caught]
     return out
 
 

@@ -130,6 +130,23 @@ def test_bad_inputs_are_one_line_errors(tiny_pair):  # noqa: F811
         BulkDecoder(target, draft, batch_size=0, gamma=2, max_decode_length=3)
 
 
+def test_a_refused_input_comes_after_every_line_before_it(tiny_pair):  # noqa: F811
+    """2 slots, a read-ahead of 1 batch, an id outside the vocabulary at line 9: lines 0-8 (8 read in the same
+    window as 9, 7 still in a slot when it is read) are all yielded, in order and equal to a run on the nine good
+    lines alone, and then the error naming line 9 is raised."""
+    target, draft = tiny_pair
+    rows = [list(r[r != 0]) for r in _inputs(np.random.default_rng(3), 9, 5, 6)]
+    settings = dict(batch_size=2, read_ahead=1, gamma=2, max_decode_length=4)
+    expected = [r.tokens for r in BulkDecoder(target, draft, **settings).generate(rows, temperature=0.0)]
+    got = []
+    with pytest.raises(ValueError, match="input 9 holds ids outside the vocabulary"):
+        for r in BulkDecoder(target, draft, **settings).generate(rows + [[2, 9, 1], rows[0]], temperature=0.0):
+            got.append(r)
+    assert [r.index for r in got] == list(range(9))
+    for r, e in zip(got, expected):
+        np.testing.assert_array_equal(r.tokens, e)
+
+
 def test_gamma_auto_picks_the_kind_from_costs(tiny_pair):  # noqa: F811
     """γ auto with given costs: a cheap draft and α near 1 pick a speculative γ; a draft as dear as the target picks
     the target alone (0), and the slots then hold no draft state. Greedy outputs are the target's either way."""

@@ -6,10 +6,10 @@ device) and assert on the JSON it prints: the shipped mini pair in float32 on 12
 greedy on meshes data:4,model:2 and data:8,model:1 against one device's bulk output and each line decoded alone, and
 sampled (same seed) against one device.
 
-Several processes cannot be started here (``jax.distributed`` needs a cluster), so the multi-process path is checked
-with its own parts: ``process_share`` directly, and ``BulkDecoder.generate`` run by 3 threads that stand in for 3
-processes (``specjax.bulk._processes`` gives each thread its process index and an exchange that stacks the
-threads' packed arrays, as ``process_allgather`` stacks the processes'). The collective itself is JAX's.
+The multi-process path runs with real processes in ``tests/test_processes.py``; here its parts are checked alone:
+``process_share`` directly, and ``BulkDecoder.generate`` run by 3 threads in the roles of 3 processes
+(``specjax.bulk._processes`` gives each thread its process index and an exchange that stacks the threads' packed
+arrays, as ``process_allgather`` stacks the processes'), which covers uneven shares and rounds quickly.
 """
 
 from __future__ import annotations
@@ -83,21 +83,27 @@ def test_slot_state_is_split_on_the_devices(eight_devices):
 
 
 @pytest.mark.slow
-def test_slots_that_do_not_split_over_data_are_a_one_line_error(eight_devices):
-    message = eight_devices["uneven_error"]
-    assert message is not None and "\n" not in message
-    assert "batch_size=6" in message and "multiple of 4" in message and "--batch-size 4 or 8" in message
+def test_slots_that_do_not_split_over_data_are_rounded_up_with_one_note(eight_devices):
+    """``BulkDecoder(batch_size=6)`` on data:4,model:2 holds 8 slots and says so in one warning line."""
+    assert eight_devices["uneven_batch"] == 8
+    (message,) = eight_devices["uneven_warnings"]
+    assert "\n" not in message and "batch_size=6 decode slots rounded up to 8" in message
 
 
 @pytest.mark.slow
 def test_generate_command_on_a_mesh_writes_the_one_device_lines(eight_devices):
     """`specjax generate --mesh data:4,model:2` (greedy, γ 3), resuming after 5 lines already written, leaves the
-    12 lines one device's bulk decode gives, in order; `--data-parallel --batch-size 12` over 8 devices is refused
-    (exit status 2: 12 slots do not split over 8)."""
+    12 lines one device's bulk decode gives, in order; `--data-parallel --batch-size 13` over 8 devices rounds the
+    slots up to 16 with one note and writes the same 12 lines."""
     r = eight_devices
     assert r["cli_status"] == 0
     assert r["cli_lines"] == r["cli_expected"] and len(r["cli_lines"]) == 12
-    assert r["cli_uneven_status"] == 2
+    assert r["cli_uneven_status"] == 0
+    assert r["cli_uneven_lines"] == r["cli_expected"]
+    assert r["cli_uneven_notes"] == [
+        "note: --batch-size 13 rounded up to 16 decode slots, a multiple of the data axis (8); outputs do not depend "
+        "on the slot count."
+    ]
 
 
 def test_process_share_splits_lines_round_robin():

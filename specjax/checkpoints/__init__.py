@@ -36,7 +36,11 @@ def detect_format(path: str) -> tuple[str, str]:
     path = os.fspath(path)
     if t5x.is_gcs(path):
         if t5x.find_t5x(path) is None:
-            raise CheckpointError(f"No T5X checkpoint at {path!r} (gs:// paths are read as T5X only).")
+            t5x.check_gcs_path(path)  # a missing bucket reads like a missing object: say which
+            raise CheckpointError(
+                f"No T5X checkpoint at {path!r}: no 'checkpoint' msgpack file or Orbax 'state/_METADATA' object "
+                f"there (gs:// paths are read as T5X only; gsutil ls {path.rstrip('/')}/ lists what is there)."
+            )
         return "t5x", path
     if not os.path.exists(path):
         raise FileNotFoundError(
@@ -95,7 +99,7 @@ def load_checkpoint(
     for UL2).
 
     Args:
-      path: local path, or ``gs://`` for T5X checkpoints (TensorStore gcs driver; untested).
+      path: local path, or ``gs://`` for T5X checkpoints (TensorStore's gcs driver).
       dtype: "float32" (the default everywhere in specjax: ``load_default_pair``, ``specjax generate``,
         ``translate``, ``bench``, so the same weights give the same greedy text wherever they are loaded),
         "bfloat16" or "float16" (parameters and compute; bfloat16 is what a TPU runs T5-XXL in), or None to

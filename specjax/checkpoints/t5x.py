@@ -17,7 +17,9 @@ Formats (google-research/t5x ``t5x/checkpoints.py``, ``Checkpointer.save`` and
 Only ``target`` (the model parameters) is read; optimizer state is ignored. T5X checkpoints carry no
 model config, so ``infer_config`` derives it from the parameter shapes.
 
-``gs://`` paths are passed to TensorStore's ``gcs`` kvstore driver (documented, untested here).
+``gs://`` paths are read through TensorStore's ``gcs`` kvstore driver, both layouts (``tests/test_gcs.py`` runs them
+against a Cloud Storage emulator; ``TENSORSTORE_GCS_HTTP_URL`` is TensorStore's endpoint override). A missing object,
+a missing bucket and refused credentials each raise one line (``gcs_error``, ``check_gcs_path``).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import numpy as np
 from specjax.checkpoints.rules import CheckpointError, check_t5x_params, flatten, unflatten
 from specjax.config import T5Config
 
-__all__ = ["find_t5x", "read_t5x", "unscan_t5x", "infer_config", "write_t5x", "is_gcs"]
+__all__ = ["find_t5x", "read_t5x", "unscan_t5x", "infer_config", "write_t5x", "is_gcs", "read_gcs_bytes"]
 
 _MSGPACK_FILE = "checkpoint"
 
@@ -50,13 +52,70 @@ def _kvstore(path: str) -> dict:
     return {"driver": "file", "path": os.path.abspath(path) + "/"}
 
 
+_CREDENTIAL_WORDS = ("credential", "unauthenticated", "permission_denied", "401", "403", "oauth", "token")
+
+
+def gcs_error(path: str, error: Exception) -> CheckpointError:
+    """One line for a failed Google Cloud Storage request on ``path`` (TensorStore's error): credentials or
+    permissions refused (with the fix), or the request's own message."""
+    first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    if any(w in first.lower() for w in _CREDENTIAL_WORDS):
+        return CheckpointError(
+            f"{path}: Google Cloud Storage refused the credentials ({first}); run `gcloud auth application-default "
+            "login`, or set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file (a TPU VM uses its "
+            "service account, which needs read access to the bucket)."
+        )
+    return CheckpointError(f"{path}: cannot read it from Google Cloud Storage ({first}).")
+
+
 def _gcs_read(path: str) -> bytes | None:
     import tensorstore as ts
 
     parent, _, name = str(path).rstrip("/").rpartition("/")
-    store = ts.KvStore.open(_kvstore(parent)).result()
-    result = store.read(name).result()
+    try:
+        store = ts.KvStore.open(_kvstore(parent)).result()
+        result = store.read(name).result()
+    except ValueError as e:  # TensorStore's errors: credentials, network, a malformed response
+        raise gcs_error(path, e) from None
     return None if result.state == "missing" else bytes(result.value)
+
+
+def check_gcs_path(path: str) -> None:
+    """Checks that the bucket of a ``gs://bucket/path`` can be listed (GCS answers a missing object and a missing
+    bucket alike when an object is read).
+
+    Raises:
+      CheckpointError: no such bucket (or no access to it), or credentials refused; one line naming the fix.
+    """
+    import tensorstore as ts
+
+    bucket, _, rest = str(path)[len("gs://") :].partition("/")
+    try:
+        ts.KvStore.open({"driver": "gcs", "bucket": bucket, "path": rest}).result().list().result()
+    except ValueError as e:
+        error = gcs_error(f"gs://{bucket}", e)
+        if "credentials" in str(error):
+            raise error from None
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise CheckpointError(
+            f"gs://{bucket}: no such bucket, or it cannot be listed ({first}); check the bucket's name "
+            f"(gsutil ls gs://{bucket}/) and your access to it."
+        ) from None
+
+
+def read_gcs_bytes(path: str) -> bytes:
+    """The bytes of the object ``gs://bucket/name`` (TensorStore's gcs driver; ``TENSORSTORE_GCS_HTTP_URL``
+    points it at another endpoint, e.g. a storage emulator).
+
+    Raises:
+      FileNotFoundError: no such object (the bucket exists).
+      CheckpointError: no such bucket, credentials refused, or another storage error (one line each).
+    """
+    data = _gcs_read(path)
+    if data is None:
+        check_gcs_path(path)
+        raise FileNotFoundError(f"No object at {path!r} (gsutil ls {path.rpartition('/')[0]}/ lists what is there).")
+    return data
 
 
 def _exists(path: str) -> bool:
@@ -67,10 +126,7 @@ def _exists(path: str) -> bool:
 
 def _read_bytes(path: str) -> bytes:
     if is_gcs(path):
-        data = _gcs_read(path)
-        if data is None:
-            raise FileNotFoundError(f"No file at {path!r}.")
-        return data
+        return read_gcs_bytes(path)
     with open(path, "rb") as f:
         return f.read()
 

@@ -226,6 +226,11 @@ def add_cache_args(p: argparse.ArgumentParser) -> None:
 def main(argv=None) -> int:
     """Entry point of the ``specjax`` console script. Returns the process exit status.
 
+    One of several JAX processes (``jax.distributed``; a slice's hosts, ``--processes N``) that fails leaves at
+    once with its status (``os._exit``, after its message or traceback), without waiting at JAX's shutdown barrier
+    for processes that are still decoding: they stop when the coordination service (or ``--processes``' launcher)
+    sees it gone.
+
     An error argparse finds in a subcommand's arguments (an unknown flag, a missing or bad value) prints that
     subcommand's usage and a one-line message; one the subcommand finds (a ``ValueError``) or the operating system
     reports (any ``OSError``: a missing file or directory, permissions, a full disk; ``_common.os_error_line``
@@ -235,6 +240,47 @@ def main(argv=None) -> int:
     caches kept between runs are turned on (``--cache-dir``, ``--no-cache``). Results go to stdout, statistics and
     progress to stderr.
     """
+    try:
+        status = _main(argv)
+    except SystemExit as e:
+        if _several_processes():
+            _leave(e.code if isinstance(e.code, int) else 1)
+        raise
+    except BaseException:
+        if _several_processes():
+            import traceback
+
+            traceback.print_exc()
+            _leave(1)
+        raise
+    if status and _several_processes():
+        _leave(status)
+    return status
+
+
+def _several_processes() -> bool:
+    """True in one of several JAX processes (the distributed runtime initialized, ``jax.process_count() > 1``)."""
+    jax = sys.modules.get("jax")
+    try:
+        return jax is not None and jax.distributed.is_initialized() and jax.process_count() > 1
+    except Exception:  # a half-started runtime: not one that can hold the others up
+        return False
+
+
+def _leave(status: int) -> None:
+    """Flushes stdout and stderr and ends the process with ``status`` now (``os._exit``)."""
+    import os
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(status)
+
+
+def _main(argv=None) -> int:
+    """``main`` on one process."""
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     command = getattr(args, "command", None)
@@ -243,6 +289,7 @@ def main(argv=None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # the command line, as a launcher repeats it
     import signal
 
     from specjax import _command

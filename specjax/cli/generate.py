@@ -93,8 +93,23 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--mesh",
         metavar="data:N,model:M",
-        help="decode slots split over 'data' (--batch-size a multiple of N), the target's weights over 'model' "
-        "(for targets larger than one device, e.g. T5-XXL); N*M = this process's device count",
+        help="decode slots split over 'data' (--batch-size rounded up to a multiple of N), the target's weights "
+        "over 'model' (for targets larger than one device, e.g. T5-XXL); N*M = the device count of all processes "
+        "(on several, 'data' is split over the processes and 'model' lies within each)",
+    )
+    p.add_argument(
+        "--processes",
+        type=int,
+        metavar="N",
+        help="run as N local JAX processes on this machine, joined by JAX's coordination service as the hosts of "
+        "a TPU slice are (CPU host devices; process 0 writes --output); on a slice run the command on every host "
+        "instead (docs/tpu.md)",
+    )
+    p.add_argument(
+        "--devices-per-process",
+        type=int,
+        metavar="D",
+        help="host devices of each --processes process (default: the --mesh size / N, else 1)",
     )
     seqio = p.add_argument_group("seqio (pip install 'specjax[seqio]')")
     seqio.add_argument(
@@ -167,9 +182,17 @@ def _checkpoint_tokenizer(args):
 
 
 def _read_lines(path: str) -> list[str]:
-    """The input lines of ``path`` (or stdin for "-"), decoded as UTF-8; an undecodable line raises
-    ValueError naming the file and line."""
-    data = sys.stdin.buffer.read() if path == "-" else open(path, "rb").read()
+    """The input lines of ``path`` (stdin for "-", a Cloud Storage object for gs://), decoded as UTF-8; an
+    undecodable line raises ValueError naming the file and line."""
+    if path == "-":
+        data = sys.stdin.buffer.read()
+    elif path.startswith("gs://"):  # every host of a slice reads the same object (TensorStore's gcs driver)
+        from specjax.checkpoints.t5x import read_gcs_bytes
+
+        data = read_gcs_bytes(path)
+    else:
+        with open(path, "rb") as f:
+            data = f.read()
     lines = data.splitlines()
     out = []
     for i, raw in enumerate(lines):
@@ -189,14 +212,14 @@ def _validate(args):
 
     # The shipped pair translates; checkpoints of one's own may do any task (specjax.defaults.DECODE_DEFAULTS).
     resolve_decoding_defaults(
-        args, "text" if args.target else "translation", fixed=bool(args.data_parallel or args.mesh)
+        args, "text" if args.target else "translation", fixed=bool(args.data_parallel or args.mesh or args.processes)
     )
     validate_sampling(args.temperature, args.top_k, args.top_p)
     auto = args.gamma == "auto" or args.gamma == 0
-    if args.gamma == "auto" and (args.data_parallel or args.mesh):
+    if args.gamma == "auto" and (args.data_parallel or args.mesh or args.processes):
         raise ValueError(
-            "--gamma auto measures its costs on one device (specjax.Decoder); with --data-parallel / --mesh give an "
-            "int gamma (0: the target alone)."
+            "--gamma auto measures its costs on one device (specjax.Decoder); with --data-parallel / --mesh / "
+            "--processes give an int gamma (0: the target alone)."
         )
     for name in ("batch_size", "max_decode_length", "max_input_length") + (() if auto else ("gamma",)):
         if getattr(args, name) < 1:
@@ -208,7 +231,7 @@ def _validate(args):
             file=sys.stderr,
         )
         args.gamma = args.max_decode_length
-    if args.input != "-" and not os.path.exists(args.input):
+    if args.input != "-" and not args.input.startswith("gs://") and not os.path.exists(args.input):
         raise FileNotFoundError(
             f"No input file {args.input!r}; pass a text file with one input per line, or - for stdin."
         )
@@ -219,16 +242,47 @@ def _validate(args):
         raise ValueError("--output must differ from --input.")
 
 
+def _launch(args: argparse.Namespace) -> int:
+    """``--processes N``: this command as N local JAX processes (``specjax.launch``); returns the exit status."""
+    from specjax import launch
+    from specjax.parallel import parse_mesh
+
+    if args.processes < 1:
+        raise ValueError(f"--processes must be >= 1, got {args.processes}.")
+    devices = args.devices_per_process
+    if devices is None:
+        sizes = parse_mesh(args.mesh) if args.mesh else {"data": 1, "model": 1}
+        total = sizes["data"] * sizes["model"]
+        if total % args.processes:
+            raise ValueError(
+                f"--mesh {args.mesh} has {total} devices, which do not split over --processes {args.processes}; "
+                "give a mesh whose size is a multiple of N (or --devices-per-process D)."
+            )
+        devices = total // args.processes
+
+    def kept() -> str:
+        if args.output == "-":
+            return "lines already written to stdout stay written"
+        return f"{lines_done(args.output)} whole lines are in {args.output}: run the same command again to resume"
+
+    argv = list(getattr(args, "argv", None) or sys.argv[1:])
+    return launch.launch_local(argv, args.processes, devices, command="generate", after_failure=kept)
+
+
 def run(args: argparse.Namespace) -> int:
     """Decodes every not-yet-written input line through the bulk decoder (``specjax.bulk``) and writes one line per
     input, in order, as each is done; returns 0. Raises ValueError/FileNotFoundError on bad input."""
     if args.seqio_task:
+        if args.processes is not None:
+            raise ValueError("--processes runs a file's decode (--input); with --seqio-task run it without.")
         from specjax.cli import seqio_generate
 
         return seqio_generate.run(args)
     if not args.input:
         raise ValueError("--input FILE is required (or --seqio-task NAME to decode a seqio Task's split).")
     _validate(args)
+    if args.processes is not None and "SPECJAX_PROCESS_ID" not in os.environ:  # the launcher, not a process
+        return _launch(args)
     lines = _read_lines(args.input)
     if not lines:
         raise ValueError(
@@ -244,7 +298,7 @@ def run(args: argparse.Namespace) -> int:
     t_run = time.perf_counter()
 
     mesh = None
-    if args.data_parallel or args.mesh:  # before anything touches a device
+    if args.data_parallel or args.mesh or args.processes:  # before anything touches a device
         parallel.maybe_initialize_distributed()  # a no-op on one process
         mesh = parallel.process_mesh(args.data_parallel, args.mesh)
     writer = parallel.is_process_zero()  # several processes: process 0 writes every line
@@ -273,9 +327,20 @@ def run(args: argparse.Namespace) -> int:
             "output line i stays the decode of input line i.",
             file=report,
         )
-    groups = 1 if mesh is None else mesh.shape[parallel.DATA]  # slots come in multiples of the data size
+    import jax
+
+    # Slots come in multiples of the data axis of all processes (each process holds slots / processes).
+    unit = (1 if mesh is None else mesh.shape[parallel.DATA]) * jax.process_count()
+    slots = -(-args.batch_size // unit) * unit
+    if slots != args.batch_size and writer:
+        print(
+            f"note: --batch-size {args.batch_size} rounded up to {slots} decode slots, a multiple of the data axis "
+            f"({unit}); outputs do not depend on the slot count.",
+            file=report,
+        )
+    slots = min(slots, -(-len(rows) // unit) * unit)  # a short file: fewer slots
     settings = dict(
-        batch_size=min(args.batch_size, -(-len(rows) // groups) * groups),  # a short file: fewer slots
+        batch_size=slots // jax.process_count(),
         max_decode_length=args.max_decode_length,
         eos_id=tokenizer.eos_id,
         max_input_length=args.max_input_length,
@@ -321,12 +386,10 @@ def run(args: argparse.Namespace) -> int:
     gammas = ", ".join(f"γ {g}: {n}" for g, n in sorted(s.gammas.items()))
     fraction = s.accepted / s.drafted if s.drafted else float("nan")
     per_call = s.tokens / s.target_calls if s.target_calls else float("nan")
-    import jax
-
     share = "" if jax.process_count() == 1 else f" (this process's share of {len(rows)} lines)"
     print(
         f"lines {s.lines}{share}, tokens {s.tokens}, gamma {args.gamma} (runs by γ: {gammas}), temperature "
-        f"{args.temperature}, {settings['batch_size']} slots",
+        f"{args.temperature}, {slots} slots",
         file=report,
     )
     drafting = (
