@@ -358,7 +358,7 @@ def _whole_specjax(args, src: str, cache: str, out: str) -> dict:
     phases = {}
     for line in proc.stderr.splitlines():
         if line.startswith("phases: "):
-            for part in line[len("phases: ") :].split(", "):
+            for part in line[len("phases: ") :].split("; "):
                 m = re.match(r"(.+) ([0-9.]+) s$", part)
                 if m:
                     phases[m.group(1)] = float(m.group(2))

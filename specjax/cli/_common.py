@@ -390,9 +390,9 @@ def process_seconds() -> float | None:
 
 
 def phase_line(phases: dict) -> str:
-    """``{"import": 1.2, "load": 0.8, ...}`` (seconds, None skipped) -> "phases: import 1.2 s, load 0.8 s, ..."."""
+    """``{"import": 1.2, "load": 0.8, ...}`` (seconds, None skipped) -> "phases: import 1.2 s; load 0.8 s; ..."."""
     parts = [f"{name} {sec:.1f} s" for name, sec in phases.items() if sec is not None]
-    return "phases: " + ", ".join(parts)
+    return "phases: " + "; ".join(parts)
 
 
 def enable_caches(cache_dir: str | None = None, no_cache: bool = False) -> dict:
