@@ -48,16 +48,17 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import itertools
 import time
 import warnings
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import jax
 import numpy as np
 
 from specjax.decoding import stored
+from specjax.decoding.result import LineResult
 from specjax.decoding.stored import StoredJit
+from specjax.processes import _processes, merge_processes, process_share
 
 __all__ = [
     "BulkDecoder",
@@ -71,33 +72,6 @@ __all__ = [
 
 RECHOOSE_EVERY = 8
 """γ auto re-chooses γ (among 0..8, by the running α) every this many runs of the slot loop."""
-
-
-@dataclasses.dataclass(frozen=True)
-class LineResult:
-    """One decoded input.
-
-    Attributes:
-      index: the input's index (``start_index`` + its position in ``inputs``).
-      tokens: int32[n] output tokens, EOS included when emitted (at most ``max_decode_length``).
-      num_target_calls: target forward calls while the line was decoded (γ 0: one per token).
-      num_draft_tokens, num_accepted, beta_sum, num_verified: as ``DecodeResult``'s fields for the row.
-      gamma: the γ of the last run the line was in (0: the target alone).
-    """
-
-    index: int
-    tokens: np.ndarray
-    num_target_calls: int
-    num_draft_tokens: int
-    num_accepted: int
-    beta_sum: float
-    num_verified: int
-    gamma: int
-
-    @property
-    def acceptance_rate(self) -> float:
-        """The paper's α for this line (NaN when nothing was verified)."""
-        return self.beta_sum / self.num_verified if self.num_verified else float("nan")
 
 
 @dataclasses.dataclass
@@ -147,6 +121,35 @@ class BulkStats:
         return self.tokens / self.seconds if self.seconds else float("nan")
 
 
+@dataclasses.dataclass
+class _Run:
+    """The host side of one ``BulkDecoder._decode`` call (the device side is ``slots``).
+
+    Attributes:
+      pairs: the (index, row) input stream. key: the call's PRNG key (line ``i`` uses ``fold_in(key, i)``).
+      slot_line: the input index in each slot, -1 when empty (a host mirror). greedy: 1.0 at temperature 0, else
+      0.0. sampling: (temperature, top_k, top_p). pending: the current window's (index, row), longest last.
+      exhausted: the input is read (or refused). refused: a refused input's ValueError, raised at the end.
+      slots: the ``Slots`` (None before the first insert). width: their encoder width ``S``. order: indices in
+      read order (the emit order). finished: index -> ``LineResult`` waiting for an earlier line. gamma: the γ
+      of the next run.
+    """
+
+    pairs: Iterator
+    key: object
+    slot_line: list
+    greedy: float
+    sampling: tuple
+    pending: list = dataclasses.field(default_factory=list)
+    exhausted: bool = False
+    refused: Exception | None = None
+    slots: object = None
+    width: int = 0
+    order: collections.deque = dataclasses.field(default_factory=collections.deque)
+    finished: dict = dataclasses.field(default_factory=dict)
+    gamma: int | None = None
+
+
 def _bucket(n: int, cap: int) -> int:
     """The slot width for inputs of ``n`` tokens: the smallest power of two >= n (at least 16, so 16..256 are
     ``ENCODE_WIDTHS``), capped at ``max(cap, n)``."""
@@ -171,126 +174,13 @@ def _bar_status(bar, text: str | None) -> None:
 
 
 def _group_size(rows: int, refill: int, b: int, multiple: int) -> int:
-    """The rows of one insert or collect program for ``rows`` rows: ``refill`` × the smallest power of two that
-    holds them, rounded up to a multiple of ``multiple`` (a mesh's data size), at most ``b`` (a multiple of it):
-    a few compiled programs serve every group."""
+    """The rows of one insert program for ``rows`` rows: ``refill`` × the smallest power of two that holds them,
+    rounded up to a multiple of ``multiple`` (a mesh's data size), at most ``b``: a few programs serve every group."""
     m = refill
     while m < rows:
         m *= 2
     m = -(-m // multiple) * multiple
     return min(m, b)
-
-
-def process_share(pairs: Iterable, process_index: int, process_count: int) -> Iterator:
-    """This process's share of the input: the ``(index, row)`` pairs at positions ``process_index``,
-    ``process_index + process_count``, ... (line ``i`` of a run goes to process ``i mod process_count``, so
-    every process gets lines of every length, and the shares differ by at most one line). One process: all.
-
-    Raises:
-      ValueError: ``process_index`` not in ``[0, process_count)``.
-    """
-    if not 0 <= process_index < process_count:
-        raise ValueError(f"process_index {process_index} is not in [0, {process_count}) (jax.process_index()).")
-    return iter(pairs) if process_count == 1 else itertools.islice(pairs, process_index, None, process_count)
-
-
-_PACKED_COUNTERS = {  # packed name -> LineResult field (int32)
-    "target_calls": "num_target_calls",
-    "draft_tokens": "num_draft_tokens",
-    "accepted": "num_accepted",
-    "num_verified": "num_verified",
-    "gamma": "gamma",
-}
-
-
-def _pack(results: list, lines: int, max_decode_length: int) -> dict:
-    """Up to ``lines`` ``LineResult``s as fixed-shape NumPy arrays (the same on every process, as
-    ``process_allgather`` needs): count int32[], index int32[lines], length int32[lines], tokens
-    int32[lines, T], the counters int32[lines], beta_sum float32[lines]; rows past ``count`` are zeros."""
-    n = len(results)
-    out = dict(
-        count=np.int32(n),
-        index=np.zeros((lines,), np.int32),
-        length=np.zeros((lines,), np.int32),
-        tokens=np.zeros((lines, max_decode_length), np.int32),
-        beta_sum=np.zeros((lines,), np.float32),
-        **{k: np.zeros((lines,), np.int32) for k in _PACKED_COUNTERS},
-    )
-    for j, r in enumerate(results):
-        out["index"][j], out["length"][j] = r.index, len(r.tokens)
-        out["tokens"][j, : len(r.tokens)] = r.tokens
-        out["beta_sum"][j] = r.beta_sum
-        for k, field in _PACKED_COUNTERS.items():
-            out[k][j] = getattr(r, field)
-    return out
-
-
-def _unpack(gathered: dict) -> list:
-    """Every process's ``_pack`` (each array with a leading process axis [P, ...]) as ``LineResult``s sorted by
-    index."""
-    out = []
-    for p in range(len(gathered["count"])):
-        for j in range(int(gathered["count"][p])):
-            n = int(gathered["length"][p][j])
-            out.append(
-                LineResult(
-                    int(gathered["index"][p][j]),
-                    np.array(gathered["tokens"][p][j, :n], np.int32),
-                    int(gathered["target_calls"][p][j]),
-                    int(gathered["draft_tokens"][p][j]),
-                    int(gathered["accepted"][p][j]),
-                    float(gathered["beta_sum"][p][j]),
-                    int(gathered["num_verified"][p][j]),
-                    int(gathered["gamma"][p][j]),
-                )
-            )
-    return sorted(out, key=lambda r: r.index)
-
-
-def _allgather(tree: dict) -> dict:
-    """``multihost_utils.process_allgather(tree, tiled=False)``: every process's arrays stacked [P, ...]."""
-    from jax.experimental import multihost_utils
-
-    return jax.tree.map(np.asarray, multihost_utils.process_allgather(tree, tiled=False))
-
-
-def _processes() -> tuple[int, int, Callable[[dict], dict]]:
-    """(this process's index, the process count, the exchange of ``merge_processes``): JAX's multi-controller
-    runtime (``jax.process_index()``, ``jax.process_count()``, ``process_allgather``)."""
-    return jax.process_index(), jax.process_count(), _allgather
-
-
-def merge_processes(
-    local: Iterator[LineResult],
-    exchange: Callable[[dict], dict] | None,
-    lines_per_round: int,
-    max_decode_length: int,
-) -> Iterator[LineResult]:
-    """Merges every process's results into one stream in input order (JAX's multi-controller runtime: every
-    process runs this in step; no scheduler).
-
-    Round after round, each process takes the next ``lines_per_round`` results of its own ``local`` stream (its
-    ``process_share``, in order), packs them into fixed-shape arrays and calls ``exchange`` (a collective:
-    ``process_allgather``); every process then yields the round's results of all processes sorted by index.
-    With round-robin shares a round holds a contiguous run of lines (process ``p``'s ``j``-th line is line
-    ``j·P + p``), so the stream is in input order. The rounds end when no process has results left.
-
-    Args:
-      local: this process's ``LineResult``s in input order.
-      exchange: {name: array} -> {name: array [P, ...]}, every process's arrays stacked; None:
-        ``multihost_utils.process_allgather(tree, tiled=False)``.
-      lines_per_round: results per process per round (memory: ``P × lines_per_round`` results).
-      max_decode_length: ``T``, the width of the packed tokens.
-    Yields:
-      ``LineResult``s of every process, in input order.
-    """
-    exchange = _allgather if exchange is None else exchange
-    while True:
-        mine = list(itertools.islice(local, lines_per_round))
-        merged = _unpack(exchange(_pack(mine, lines_per_round, max_decode_length)))
-        if not merged:
-            return
-        yield from merged
 
 
 class BulkDecoder:
@@ -598,152 +488,173 @@ class BulkDecoder:
 
     def _decode(self, pairs: Iterator, key, temperature, top_k, top_p, t0: float) -> Iterator[LineResult]:
         """This process's decode: ``pairs`` (index, row) through the slots, ``LineResult`` in the order of
-        ``pairs`` (sort → fill slots → run → collect → refill → emit in order); updates ``self.stats``."""
+        ``pairs``; updates ``self.stats``. Its stages, one method each:
+
+            fill (read a window, sort it, insert the longest into free slots) → run (until enough slots are
+            done) → collect (the finished rows leave the devices) → learn (γ auto) → emit (in input order)
+
+        An input refused by ``_check_row`` ends the reading: every line before it is decoded and yielded first,
+        then its ``ValueError`` is raised."""
+        run = _Run(pairs, key, [-1] * self.batch_size, 1.0 if temperature <= 0 else 0.0, (temperature, top_k, top_p))
+        run.gamma = self._gamma_now  # a later call goes on with the γ the last one ran
+        while True:
+            self._fill(run)
+            if all(s < 0 for s in run.slot_line):
+                break
+            done = self._run_slots(run, t0)
+            lines = self._collect(run, done)
+            self._learn(run, lines)
+            yield from self._emit(run, t0)
+            self.stats.seconds = time.perf_counter() - t0
+        while run.order and run.order[0] in run.finished:  # nothing can be left, but never lose a line
+            yield run.finished.pop(run.order.popleft())
+        if run.refused is not None:
+            raise run.refused
+
+    def _read_window(self, run: "_Run") -> list:
+        """The next ``read_ahead × b`` inputs, checked and sorted by length (shortest first: ``pop()`` takes the
+        longest); their indices join the emit order. Stops at the end of the input or at a refused input."""
+        window = []
+        for _ in range(self.read_ahead * self.batch_size):
+            try:
+                i, row = next(run.pairs)
+                window.append((i, self._check_row(i, row)))
+            except StopIteration:
+                run.exhausted = True
+                break
+            except ValueError as e:  # no more reading; the lines before it finish first
+                run.exhausted, run.refused = True, e
+                break
+            run.order.append(i)
+        window.sort(key=lambda x: (len(x[1]), -x[0]))
+        return window
+
+    def _fill(self, run: "_Run") -> None:
+        """Fill: the free slots take the longest inputs of the window (a new window when it is empty), encoded by
+        one insert program (the slot state widened first when they need a wider encoder memory)."""
         from specjax.decoding.slots import SlotPrograms
         from specjax.sampling import SamplingParams
 
-        greedy = 1.0 if temperature <= 0 else 0.0
         b, pad = self.batch_size, self.target_fns.pad_id
-        stats = self.stats
-        pending: list = []  # (index, row) of the current window, longest last (popped first)
-        exhausted = False
-        slot_line = [-1] * b  # host mirror: the input index in each slot, -1 when empty
-        slot_width = 0
-        slots = None
-        order: collections.deque = collections.deque()  # indices read, in read order: the emit order
-        finished: dict = {}  # index -> LineResult, waiting for an earlier line
-        gamma_now = self._gamma_now  # a later call goes on with the γ the last one ran
-        refused = None  # an input's ValueError: raised once every line before it is yielded
-
-        def read_window():
-            nonlocal exhausted, refused
-            window = []
-            for _ in range(self.read_ahead * b):
-                try:
-                    i, row = next(pairs)
-                    window.append((i, self._check_row(i, row)))
-                except StopIteration:
-                    exhausted = True
-                    break
-                except ValueError as e:  # no more reading; the lines before it finish first
-                    exhausted, refused = True, e
-                    break
-                order.append(i)
-            window.sort(key=lambda x: (len(x[1]), -x[0]))  # shortest first; pop() takes the longest
-            return window
-
-        while True:
-            # --- fill: the free slots take the longest inputs of the window ---------------------------------
-            free = [s for s in range(b) if slot_line[s] < 0]
-            if free and not pending and not exhausted:
-                pending = read_window()
-            take = []
-            while pending and len(take) < len(free):
-                take.append(pending.pop())
-            if take:
-                longest = max(len(r) for _, r in take)
-                need = _bucket(max(longest, 1), self.max_input_length)
-                if self._programs is None:  # the first inputs: choose the kind (γ auto) and build the programs
-                    gamma_now = self._gamma_now = self._first_gamma(take, need, greedy)
-                    self._programs = SlotPrograms.shared(
-                        self.target_fns,
-                        self.source if self.max_gamma > 0 else None,
-                        batch=b,
-                        max_decode_length=self.max_decode_length,
-                        max_gamma=self.max_gamma,
-                        eos_id=self.eos_id,
-                        verification=self.verification,
-                        mesh=self.mesh,
-                        rules=self.rules,
-                    )
-                programs = self._programs
-                if slots is None:
-                    slot_width = need
-                    slots = programs.empty(self.target_params, self.draft_params, slot_width)
-                elif need > slot_width:
-                    slot_width = need
-                    slots = programs.widen(self.target_params, self.draft_params, slots, slot_width)
-                m = _group_size(len(take), self.refill, b, programs.row_multiple)
-                tokens = np.full((m, slot_width), pad, np.int32)
-                ids = np.full((m,), b, np.int32)  # b: dropped
-                lines = np.zeros((m,), np.int32)
-                for j, ((i, row), s) in enumerate(zip(take, free)):
-                    tokens[j, : len(row)] = row
-                    ids[j], lines[j] = s, i
-                    slot_line[s] = i
-                keys = _line_keys(key, lines)
-                sampling = SamplingParams.broadcast(m, temperature, top_k, top_p)
-                slots = programs.insert(self.target_params, self.draft_params, slots, tokens, ids, keys, sampling)
-            busy = sum(1 for s in slot_line if s >= 0)
-            if busy == 0:
-                break
-            # --- run until enough slots are free -------------------------------------------------------------
-            more = bool(pending) or not exhausted
-            idle = b - busy
-            if stats.first_step_seconds is None:
-                stats.first_step_seconds = time.perf_counter() - t0
-            min_done = min(b, idle + self.refill) if more else b
-            slots, iterations, done = self._programs.run(
-                self.target_params, self.draft_params, slots, gamma_now, min_done, self.max_decode_length
+        free = [s for s in range(b) if run.slot_line[s] < 0]
+        if free and not run.pending and not run.exhausted:
+            run.pending = self._read_window(run)
+        take = []
+        while run.pending and len(take) < len(free):
+            take.append(run.pending.pop())
+        if not take:
+            return
+        longest = max(len(r) for _, r in take)
+        need = _bucket(max(longest, 1), self.max_input_length)
+        if self._programs is None:  # the first inputs: choose the kind (γ auto) and build the programs
+            run.gamma = self._gamma_now = self._first_gamma(take, need, run.greedy)
+            self._programs = SlotPrograms.shared(
+                self.target_fns,
+                self.source if self.max_gamma > 0 else None,
+                batch=b,
+                max_decode_length=self.max_decode_length,
+                max_gamma=self.max_gamma,
+                eos_id=self.eos_id,
+                verification=self.verification,
+                mesh=self.mesh,
+                rules=self.rules,
             )
-            done = np.asarray(jax.device_get(done))
-            stats.runs += 1
-            stats.iterations += int(iterations)
-            stats.gammas[gamma_now] = stats.gammas.get(gamma_now, 0) + 1
-            # --- collect: only the rows finished in this run leave the devices --------------------------------
-            ended = [s for s in range(b) if slot_line[s] >= 0 and done[s]]
-            new_alpha = [0.0, 0]
-            out_lengths = []
-            if ended:
-                m = b  # one collect program for every count (b rows of T tokens: a few kB)
-                got = self._programs.collect(slots, np.array(ended + [ended[0]] * (m - len(ended)), np.int32))
-                for j, s in enumerate(ended):
-                    n = int(got["lengths"][j])
-                    r = LineResult(
-                        slot_line[s],
-                        np.array(got["sequences"][j, :n], np.int32),
-                        int(got["target_calls"][j]),
-                        int(got["draft_tokens"][j]),
-                        int(got["accepted"][j]),
-                        float(got["beta_sum"][j]),
-                        int(got["num_verified"][j]),
-                        gamma_now,
-                    )
-                    finished[r.index] = r
-                    slot_line[s] = -1
-                    new_alpha[0] += r.beta_sum
-                    new_alpha[1] += r.num_verified
-                    out_lengths.append(n)
-            # --- learn (γ auto) --------------------------------------------------------------------------------
-            if self.decoder is not None and out_lengths:
-                d = self.decoder
-                d.observe(bool(greedy), new_alpha[0], new_alpha[1], out_lengths, b)
-                if gamma_now > 0 and stats.runs % RECHOOSE_EVERY == 0:
-                    probe = np.full((b, slot_width), pad, np.int32)
-                    probe[:, 0] = self.eos_id
-                    g, why = self._choose(probe, greedy, d.candidates)  # 0 too: the draft may not pay
-                    if g != gamma_now:
-                        stats.reasons.append(why)
-                    gamma_now = self._gamma_now = g
-            # --- emit in input order ---------------------------------------------------------------------------
-            while order and order[0] in finished:
-                r = finished.pop(order.popleft())
-                stats.lines += 1
-                stats.tokens += len(r.tokens)
-                stats.beta_sum += r.beta_sum
-                stats.verified += r.num_verified
-                stats.drafted += r.num_draft_tokens
-                stats.accepted += r.num_accepted
-                stats.target_calls += r.num_target_calls
-                stats.seconds = time.perf_counter() - t0
-                if stats.first_line_seconds is None:
-                    stats.first_line_seconds = stats.seconds
-                yield r
+        programs = self._programs
+        if run.slots is None:
+            run.width = need
+            run.slots = programs.empty(self.target_params, self.draft_params, run.width)
+        elif need > run.width:
+            run.width = need
+            run.slots = programs.widen(self.target_params, self.draft_params, run.slots, run.width)
+        m = _group_size(len(take), self.refill, b, programs.row_multiple)
+        tokens = np.full((m, run.width), pad, np.int32)
+        ids = np.full((m,), b, np.int32)  # b: dropped
+        lines = np.zeros((m,), np.int32)
+        for j, ((i, row), s) in enumerate(zip(take, free)):
+            tokens[j, : len(row)] = row
+            ids[j], lines[j] = s, i
+            run.slot_line[s] = i
+        keys = _line_keys(run.key, lines)
+        sampling = SamplingParams.broadcast(m, *run.sampling)
+        run.slots = programs.insert(self.target_params, self.draft_params, run.slots, tokens, ids, keys, sampling)
+
+    def _run_slots(self, run: "_Run", t0: float) -> np.ndarray:
+        """Run: the loop over every slot until enough are done to refill (``refill`` more than are idle; all of
+        them once the input is read); returns the done flags bool[b]."""
+        b, stats = self.batch_size, self.stats
+        more = bool(run.pending) or not run.exhausted
+        idle = sum(1 for s in run.slot_line if s < 0)
+        if stats.first_step_seconds is None:
+            stats.first_step_seconds = time.perf_counter() - t0
+        min_done = min(b, idle + self.refill) if more else b
+        run.slots, iterations, done = self._programs.run(
+            self.target_params, self.draft_params, run.slots, run.gamma, min_done, self.max_decode_length
+        )
+        done = np.asarray(jax.device_get(done))
+        stats.runs += 1
+        stats.iterations += int(iterations)
+        stats.gammas[run.gamma] = stats.gammas.get(run.gamma, 0) + 1
+        return done
+
+    def _collect(self, run: "_Run", done: np.ndarray) -> list:
+        """Collect: only the rows finished in this run leave the devices (one collect program of ``b`` rows);
+        their ``LineResult``s wait in ``run.finished`` and their slots are free. Returns them."""
+        b = self.batch_size
+        ended = [s for s in range(b) if run.slot_line[s] >= 0 and done[s]]
+        if not ended:
+            return []
+        got = self._programs.collect(run.slots, np.array(ended + [ended[0]] * (b - len(ended)), np.int32))
+        out = []
+        for j, s in enumerate(ended):
+            n = int(got["lengths"][j])
+            r = LineResult(
+                run.slot_line[s],
+                np.array(got["sequences"][j, :n], np.int32),
+                int(got["target_calls"][j]),
+                int(got["draft_tokens"][j]),
+                int(got["accepted"][j]),
+                float(got["beta_sum"][j]),
+                int(got["num_verified"][j]),
+                run.gamma,
+            )
+            run.finished[r.index] = r
+            run.slot_line[s] = -1
+            out.append(r)
+        return out
+
+    def _learn(self, run: "_Run", lines: list) -> None:
+        """Learn (γ auto): the finished lines' α sums and lengths go to the ``Decoder``'s running α and recent
+        lengths; every ``RECHOOSE_EVERY`` speculative runs γ is chosen again (0 included: the draft may not pay)."""
+        if self.decoder is None or not lines:
+            return
+        d, b = self.decoder, self.batch_size
+        beta = sum(r.beta_sum for r in lines)
+        verified = sum(r.num_verified for r in lines)
+        d.observe(bool(run.greedy), beta, verified, [len(r.tokens) for r in lines], b)
+        if run.gamma > 0 and self.stats.runs % RECHOOSE_EVERY == 0:
+            probe = np.full((b, run.width), self.target_fns.pad_id, np.int32)
+            probe[:, 0] = self.eos_id
+            g, why = self._choose(probe, run.greedy, d.candidates)
+            if g != run.gamma:
+                self.stats.reasons.append(why)
+            run.gamma = self._gamma_now = g
+
+    def _emit(self, run: "_Run", t0: float) -> Iterator[LineResult]:
+        """Emit: the finished lines whose every earlier line is out, in input order; counted in ``self.stats``."""
+        stats = self.stats
+        while run.order and run.order[0] in run.finished:
+            r = run.finished.pop(run.order.popleft())
+            stats.lines += 1
+            stats.tokens += len(r.tokens)
+            stats.beta_sum += r.beta_sum
+            stats.verified += r.num_verified
+            stats.drafted += r.num_draft_tokens
+            stats.accepted += r.num_accepted
+            stats.target_calls += r.num_target_calls
             stats.seconds = time.perf_counter() - t0
-        while order and order[0] in finished:  # nothing can be left, but never lose a line
-            yield finished.pop(order.popleft())
-        if refused is not None:
-            raise refused
+            if stats.first_line_seconds is None:
+                stats.first_line_seconds = stats.seconds
+            yield r
 
     def _first_gamma(self, take, width: int, greedy: float) -> int:
         """The γ of the first run: the fixed γ, or γ auto's choice of kind (and γ) from the costs at ``b`` slots

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["DecodeResult", "Counters"]
+__all__ = ["DecodeResult", "Counters", "LineResult"]
 
 
 class Counters(NamedTuple):
@@ -155,3 +155,30 @@ class DecodeResult:
         calls = int(np.sum(_concrete(self.num_target_calls, "acceptance_by_position")))
         counts = _concrete(self.accepted_per_position, "acceptance_by_position").sum(axis=0)
         return counts / calls if calls else np.full(counts.shape, np.nan)
+
+
+@dataclasses.dataclass(frozen=True)
+class LineResult:
+    """One decoded input.
+
+    Attributes:
+      index: the input's index (``start_index`` + its position in ``inputs``).
+      tokens: int32[n] output tokens, EOS included when emitted (at most ``max_decode_length``).
+      num_target_calls: target forward calls while the line was decoded (γ 0: one per token).
+      num_draft_tokens, num_accepted, beta_sum, num_verified: as ``DecodeResult``'s fields for the row.
+      gamma: the γ of the last run the line was in (0: the target alone).
+    """
+
+    index: int
+    tokens: np.ndarray
+    num_target_calls: int
+    num_draft_tokens: int
+    num_accepted: int
+    beta_sum: float
+    num_verified: int
+    gamma: int
+
+    @property
+    def acceptance_rate(self) -> float:
+        """The paper's α for this line (NaN when nothing was verified)."""
+        return self.beta_sum / self.num_verified if self.num_verified else float("nan")
