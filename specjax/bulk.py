@@ -22,26 +22,20 @@ iterable of token rows and yields one ``LineResult`` per input, in input order. 
   its slot, so a line's output does not depend on the batch size, the read-ahead window or its neighbours: at
   temperature 0 it is the target's greedy decode of the line alone, and sampled with a fixed γ it is the
   output ``speculative_sample`` gives the line alone with key ``fold_in(key, i)`` (``tests/test_bulk.py``).
-- **γ auto** (``specjax.decoder``'s cost model, measured at the slot count): γ in 0..8 is chosen before the first
-  run from measured costs and the α prior; speculative runs re-choose it from the running α every
-  ``RECHOOSE_EVERY`` runs. Once the target alone (0) is chosen the run stays with it: without drafting, the
-  draft's caches fall behind the rows. In a slot batch rows are refilled, so
-  the rate of a γ is ``E(α, γ) / iteration(γ)`` tokens per second per slot (Leviathan et al. 2023, eq. 1),
-  plus the per-line encode; no slowest-row term. With γ auto the sampled draws depend on the γ chosen (the
-  distribution never does); pass an int γ for reproducible sampled output.
+- **γ auto** (``specjax.gamma_auto``'s cost model at the slot count): γ in 0..8 is chosen before the first run,
+  then every ``RECHOOSE_EVERY`` speculative runs from the running α; once the target alone (0) runs, the run
+  stays with it (the draft's caches fall behind). A γ's rate is ``E(α, γ) / iteration(γ)`` tokens per second per
+  slot (Leviathan et al. 2023, eq. 1) plus the per-line encode. Sampled draws depend on the γ chosen (the
+  distribution never does): pass an int γ for reproducible sampled output.
 - **Constant memory**: the window, the slots and the results waiting for an earlier line (at most about a
   window) are all that is held, whatever the length of the input.
 - **Beyond one device** (``mesh=``): the slots are split over a ``("data", "model")`` mesh's "data" axis and the
   target over "model", with ``specjax.parallel``'s rules and shardings (``SlotPrograms``); the slot state stays
   on the devices between runs, and only the done flags and the finished rows come back. A row's output is the
   same as on one device (``tests/test_bulk_mesh.py``, 8 host devices).
-- **Several processes** (a multi-host slice, ``jax.process_count() > 1``): each process decodes its share of the
-  input on its own devices (``process_share``: line ``i`` goes to process ``i mod count``; the mesh holds this
-  process's devices), and the results are merged in input order with JAX's multi-controller runtime
-  (``merge_processes``: every ``b`` lines per process, one ``process_allgather``); every process
-  yields every line, in order (the CLI writes on process 0). Every process must read the same inputs, and an
-  input error stops the processes only where it is raised: check the inputs first (the CLI encodes them all
-  before decoding).
+- **Several processes** (a multi-host slice, ``jax.process_count() > 1``): each process decodes its share on its
+  own devices and the results are merged in input order (``specjax.processes``); every process yields every
+  line (the CLI writes on process 0) and must read the same inputs.
 """
 
 from __future__ import annotations
@@ -298,7 +292,7 @@ class BulkDecoder:
         self.stats = BulkStats()
         self._programs = None
         self._gamma_now = None
-        self._status = None
+        self._status = self._decode_started = None
 
     def _place_on(self, mesh) -> None:
         """Checks the mesh and places the parameters on it (target split by the rules, draft replicated)."""
@@ -444,6 +438,7 @@ class BulkDecoder:
             bar = tqdm(**options)
         pairs = process_share(enumerate(inputs, start_index), me, count)
         self._status = (lambda text: _bar_status(bar, text)) if bar is not None else None
+        self._decode_started = None  # perf_counter at the first decode step (``_run_slots``)
         stream = self._decode(pairs, key, temperature, top_k, top_p, t0)
         if count > 1:
             stream = merge_processes(stream, exchange, self.batch_size, self.max_decode_length)  # rounds of b
@@ -452,14 +447,17 @@ class BulkDecoder:
             with stored.listening(self._on_program):
                 for r in stream:
                     if bar is not None:
-                        if first:  # no estimate until lines flow: the rate counts from the first line on
+                        if first:  # no estimate until lines flow; the rate counts from the first decode step on
                             _bar_status(bar, None)
-                            bar.start_t = bar.last_print_t = bar._time()
+                            decoding = time.perf_counter() - (self._decode_started or time.perf_counter())
+                            bar.start_t = bar.last_print_t = bar._time() - decoding
                             first = False
                         bar.update(1)
                         alpha = f"{stats.alpha:.2f}" if stats.verified else "-"
+                        decoding = time.perf_counter() - (self._decode_started or t0)
                         bar.set_postfix_str(
-                            f"{stats.tokens_per_second:.0f} tok/s, α {alpha}, γ {self._gamma_now}", refresh=False
+                            f"{stats.tokens / max(decoding, 1e-9):.0f} tok/s, α {alpha}, γ {self._gamma_now}",
+                            refresh=False,
                         )
                     yield r
         finally:
@@ -584,12 +582,14 @@ class BulkDecoder:
         b, stats = self.batch_size, self.stats
         more = bool(run.pending) or not run.exhausted
         idle = sum(1 for s in run.slot_line if s < 0)
-        if stats.first_step_seconds is None:
-            stats.first_step_seconds = time.perf_counter() - t0
+        first, before, building = stats.first_step_seconds is None, time.perf_counter(), stats.program_seconds
         min_done = min(b, idle + self.refill) if more else b
         run.slots, iterations, done = self._programs.run(
             self.target_params, self.draft_params, run.slots, run.gamma, min_done, self.max_decode_length
         )
+        if first:  # the first step starts once the run program is built or loaded (inside that call)
+            stats.first_step_seconds = before - t0 + (stats.program_seconds - building)
+            self._decode_started = before + (stats.program_seconds - building)
         done = np.asarray(jax.device_get(done))
         stats.runs += 1
         stats.iterations += int(iterations)

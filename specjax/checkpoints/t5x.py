@@ -43,12 +43,23 @@ def is_gcs(path: str) -> bool:
     return str(path).startswith("gs://")
 
 
+GCS_RETRIES = {"max_retries": 6, "initial_delay": "0.5s", "max_delay": "8s"}
+"""TensorStore's ``gcs_request_retries`` for every gs:// request: a failing request (no network, a transient
+error) is tried 6 times over about 20 s, then fails with one line, instead of TensorStore's default 32 retries of up
+to 32 s each (minutes of silence on a host that cannot reach Cloud Storage)."""
+
+
+def gcs_spec(bucket: str, path: str = "") -> dict:
+    """TensorStore's gcs kvstore spec for ``gs://bucket/path`` with ``GCS_RETRIES``."""
+    return {"driver": "gcs", "bucket": bucket, "path": path, "context": {"gcs_request_retries": dict(GCS_RETRIES)}}
+
+
 def _kvstore(path: str) -> dict:
     """A TensorStore kvstore spec for a local or gs:// directory (trailing ``/``)."""
     path = str(path).rstrip("/") + "/"
     if is_gcs(path):
         bucket, _, rest = path[len("gs://") :].partition("/")
-        return {"driver": "gcs", "bucket": bucket, "path": rest}
+        return gcs_spec(bucket, rest)
     return {"driver": "file", "path": os.path.abspath(path) + "/"}
 
 
@@ -91,7 +102,7 @@ def check_gcs_path(path: str) -> None:
 
     bucket, _, rest = str(path)[len("gs://") :].partition("/")
     try:
-        ts.KvStore.open({"driver": "gcs", "bucket": bucket, "path": rest}).result().list().result()
+        ts.KvStore.open(gcs_spec(bucket, rest)).result().list().result()
     except ValueError as e:
         error = gcs_error(f"gs://{bucket}", e)
         if "credentials" in str(error):

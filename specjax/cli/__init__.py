@@ -53,7 +53,11 @@ def add_decoding_args(
         f"running alpha, specjax.Decoder; the target alone when that is faster), 0 (the target alone) or an int "
         f">= 1{fixed}",
     )
-    p.add_argument("--verbose", action="store_true", help="print each call's gamma choice and its reason (stderr)")
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="print gamma auto's choices and their reasons (stderr; generate: and the run's phases, seconds each)",
+    )
     p.add_argument(
         "--temperature", type=float, default=D.temperature, help="0 = greedy (default); 1 = sample from the target"
     )
@@ -211,9 +215,9 @@ def add_cache_args(p: argparse.ArgumentParser) -> None:
         "--cache-dir",
         metavar="DIR",
         default=None,
-        help="keep compiled programs (DIR/xla/, XLA's persistent compilation cache) and gamma auto's measured "
-        "costs (DIR/costs.json) here (default: $SPECJAX_CACHE_DIR, else ~/.cache/specjax; "
-        "$JAX_COMPILATION_CACHE_DIR, if set, holds the compiled programs)",
+        help="keep the decode programs, compiled (DIR/programs/: a later run loads them, nothing traced or "
+        "compiled), XLA's persistent compilation cache (DIR/xla/; $JAX_COMPILATION_CACHE_DIR, if set, instead) and "
+        "gamma auto's measured costs (DIR/costs.json) here (default: $SPECJAX_CACHE_DIR, else ~/.cache/specjax)",
     )
     g.add_argument(
         "--no-cache",

@@ -370,7 +370,9 @@ def _fetch_gcs(url: str) -> str:
     import tensorstore as ts
 
     bucket, _, key = url[len("gs://") :].partition("/")
-    value = ts.KvStore.open({"driver": "gcs", "bucket": bucket}).result().read(key).result().value
+    from specjax.checkpoints.t5x import gcs_spec
+
+    value = ts.KvStore.open(gcs_spec(bucket)).result().read(key).result().value
     if not value:
         raise FileNotFoundError(f"Could not read {url} (empty or missing; check access with gsutil ls).")
     path = os.path.join(tempfile.mkdtemp(prefix="specjax_"), os.path.basename(key))

@@ -136,6 +136,12 @@ def run(args: argparse.Namespace) -> int:
     def on_output(j, result):
         n = int(result.lengths[0])
         print(f"EN: {lines[j]}\nDE: {tokenizer.decode(result.sequences[0][:n])}\n", flush=True)
+        if j == len(batches) - 1 and args.gamma == "auto" and not known:  # what the next silent minute is
+            print(
+                "measuring gamma auto's costs on this CPU (once: kept for later runs), then timing both methods...",
+                file=sys.stderr,
+                flush=True,
+            )
 
     try:
         m = bench.measure_pair(

@@ -313,6 +313,8 @@ def run(args: argparse.Namespace) -> int:
 
     spec_kwargs = speculative_kwargs(args)
     if writer:
+        if not args.target:  # the shipped pair: say what it suits before its output is read as a translation
+            print(f"note: {SHIPPED_PAIR_DOMAIN}", file=report)
         print("loading the models ...", file=report, flush=True)
     t_load = time.perf_counter()
     with parallel.host_loading() if mesh is not None else contextlib.nullcontext():  # a mesh places the slices
