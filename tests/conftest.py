@@ -97,8 +97,10 @@ def _free_compiled_programs():
 # Files not named here follow in collection order; tests/test_seqio.py comes last of all (below).
 LONGEST_FIRST = (
     "test_default_pair.py",
+    "test_processes.py",
     "test_notebook.py",
     "test_train.py",
+    "test_quantize.py",
     "test_window_invariance.py",
     "test_multidraft.py",
     "test_decoding.py",
@@ -111,6 +113,8 @@ LONGEST_FIRST = (
     "test_cli_robustness.py",
     "test_auto.py",
     "test_verifiers_and_drafts.py",
+    "test_stored.py",
+    "test_gcs.py",
 )
 
 
