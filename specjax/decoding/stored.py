@@ -27,7 +27,8 @@ payload: a truncated, stale or foreign entry fails those checks (or fails to loa
 overwritten, never used. Writes go to a temporary file in the same folder, then ``os.replace``: two processes
 writing the same entry at once each write a whole file and the last one stays (they are the same program). A
 ``repr`` that names a memory address (``<function f at 0x...>``, e.g. a test's hand-made logits) cannot key a
-program across processes: such programs are compiled and kept in memory only.
+program across processes: such programs are compiled and kept in memory only. So are the programs of a run of
+several JAX processes (an executable spanning processes does not load back in jaxlib 0.10.2).
 """
 
 from __future__ import annotations
@@ -333,6 +334,11 @@ class StoredJit:
     def _cache_size(self) -> int:
         return len(self._local) + self.jitted._cache_size()
 
+    def __getattr__(self, name):  # the rest of jax.jit's face (trace, eval_shape, ...): the plain jit's
+        if name.startswith("__") or name in ("jitted", "_local", "_static", "_identity"):
+            raise AttributeError(name)
+        return getattr(self.jitted, name)
+
     def __call__(self, *args):
         if _in_trace(args):
             return self.jitted(*args)
@@ -378,7 +384,10 @@ class StoredJit:
         return hashlib.sha256(text.encode()).hexdigest(), storable
 
     def _load_or_build(self, key: str, storable: bool, args) -> jax.stages.Compiled:
-        folder = program_dir() if storable else None
+        # Several processes (a slice, or --processes): an executable spanning processes does not load back
+        # (jaxlib 0.10.2 aborts the process in DeserializeLoadedExecutable), so each process keeps its programs in
+        # memory only.
+        folder = program_dir() if storable and jax.process_count() == 1 else None
         path = folder / f"{key}.jaxexe" if folder is not None else None
         if path is not None and path.is_file():
             t0 = time.perf_counter()
