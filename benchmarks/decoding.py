@@ -30,6 +30,7 @@ import sacrebleu
 import specjax
 from specjax import bench, hardware, speculative_sample, temperature_sample
 from specjax.bench.inputs import MULTI30K_TEST, encode_inputs, read_lines
+from specjax.bench.report import run_subcommands
 from specjax.bench.timing import finish
 from specjax.decoding import inputs
 from specjax.defaults import demo_sentences, pair_dtypes
@@ -710,15 +711,7 @@ SUBCOMMANDS = {
 
 def main() -> int:
     """``python benchmarks/NAME.py SUBCOMMAND [flags]``: runs SUBCOMMAND with the flags its ``--help`` lists."""
-    if len(sys.argv) < 2 or sys.argv[1] not in SUBCOMMANDS:
-        print(__doc__.strip().split("\n\n")[0] + "\n\nsubcommands (each with --help):", file=sys.stderr)
-        for name, (_, doc) in SUBCOMMANDS.items():
-            print(f"  {name:14s} {doc.strip().splitlines()[0]}", file=sys.stderr)
-        return 0 if sys.argv[1:2] in (["-h"], ["--help"]) else 2
-    sub = sys.argv.pop(1)
-    sys.argv[0] = f"{sys.argv[0]} {sub}"
-    code = SUBCOMMANDS[sub][0]()
-    return code if isinstance(code, int) else 0
+    return run_subcommands(__doc__, SUBCOMMANDS)
 
 
 if __name__ == "__main__":

@@ -244,3 +244,22 @@ def plot_records(records: Sequence[dict], out_dir: str) -> list[str]:
         plt.close(f)
         paths.append(path)
     return paths
+
+
+def run_subcommands(doc: str, subcommands: dict, argv: list | None = None) -> int:
+    """A benchmark script's entry point: ``python benchmarks/NAME.py SUBCOMMAND [flags]`` runs
+    ``subcommands[SUBCOMMAND][0]()`` with ``sys.argv`` as its own (``NAME.py SUBCOMMAND`` as the program name);
+    with no or an unknown subcommand prints ``doc``'s first paragraph and each subcommand's first doc line.
+    Returns the exit status (0 for ``-h``, 2 for a missing or unknown subcommand)."""
+    import sys
+
+    argv = sys.argv if argv is None else argv
+    if len(argv) < 2 or argv[1] not in subcommands:
+        print(doc.strip().split("\n\n")[0] + "\n\nsubcommands (each with --help):", file=sys.stderr)
+        for name, (_, text) in subcommands.items():
+            print(f"  {name:14s} {text.strip().splitlines()[0]}", file=sys.stderr)
+        return 0 if argv[1:2] in (["-h"], ["--help"]) else 2
+    sub = argv.pop(1)
+    argv[0] = f"{argv[0]} {sub}"
+    code = subcommands[sub][0]()
+    return code if isinstance(code, int) else 0
