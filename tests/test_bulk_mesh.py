@@ -100,7 +100,8 @@ def test_generate_command_on_a_mesh_writes_the_one_device_lines(eight_devices):
     assert r["cli_lines"] == r["cli_expected"] and len(r["cli_lines"]) == 12
     assert r["cli_uneven_status"] == 0
     assert r["cli_uneven_lines"] == r["cli_expected"]
-    assert r["cli_uneven_notes"] == [
+    rounding = [line for line in r["cli_uneven_notes"] if "decode slots" in line]
+    assert rounding == [
         "note: --batch-size 13 rounded up to 16 decode slots, a multiple of the data axis (8); outputs do not depend "
         "on the slot count."
     ]
