@@ -25,6 +25,10 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import MappingProxyType
 
+from specjax.checkpoints import load_checkpoint
+from specjax.hardware import resolve_dtypes
+from specjax.tokenizer import Tokenizer
+
 __all__ = [
     "ASSETS",
     "PAIR_DISTRIBUTIONS",
@@ -161,8 +165,6 @@ def pair_dtypes(size: str, dtype: str = "auto", draft_dtype: str | None = None) 
     """(target dtype, draft dtype, reason) a shipped pair loads in: "auto" resolves to ``DEMO_DTYPES[size]`` on a
     CPU with native bfloat16 dots (avx512_bf16 / amx_bf16) or an accelerator's bfloat16, else float32 for both
     (``specjax.hardware.resolve_dtypes``); explicit dtypes win. Raises ValueError for an unknown size or dtype."""
-    from specjax.hardware import resolve_dtypes
-
     if size not in PAIRS:
         raise ValueError(f"size must be one of {tuple(PAIRS)}, got {size!r}.")
     return resolve_dtypes(dtype, draft_dtype, DEMO_DTYPES[size])
@@ -213,9 +215,6 @@ def load_default_pair(
       ValueError: unknown draft or size name. FileNotFoundError: the pair is not installed (the message names
         the ``pip install`` line; ``pair_dir``).
     """
-    from specjax.checkpoints import load_checkpoint
-    from specjax.tokenizer import Tokenizer
-
     if draft not in DRAFTS:
         raise ValueError(f"draft must be one of {DRAFTS}, got {draft!r}.")
     size = default_size() if size is None else size

@@ -57,6 +57,7 @@ from specjax.decoding.sharding import (  # the rules and the mesh wrapper, share
 )
 from specjax.models import t5
 from specjax.models.adapter import T5Decoding
+from specjax.quantize import quantized_shardings
 
 __all__ = [
     "STANDARD_RULES",
@@ -519,8 +520,6 @@ def _model_parallel_jit(fn, models, static, mesh: Mesh, all_rules: tuple):
             wrapped.append(_MeshT5Decoding(fns, mesh, rules))
             specs = param_shardings(fns.config, mesh, rules, stacked=fns.scan_layers)
             if getattr(fns, "quantized", False):  # int8 kernels (specjax.quantize): values as the kernel, scales copied
-                from specjax.quantize import quantized_shardings
-
                 specs = quantized_shardings(specs)
             param_specs.append(specs)
         else:  # a hand-made DecodingModel or a draft source: params replicated, no activation constraints

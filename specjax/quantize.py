@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.models.adapter import T5Decoding
-from specjax.models.t5 import Params, T5Model, stack_layers
+from specjax.models.t5 import Params, T5Model, abstract_params, stack_layers
 
 __all__ = [
     "QUANTIZED_DTYPES",
@@ -276,8 +276,6 @@ def quantized_shardings(shardings):
 def abstract_quantized_model(config, sharding=None) -> QuantizedT5Model:
     """A ``QuantizedT5Model`` of ``jax.ShapeDtypeStruct``s (int8 values [i, o] and float32 scales [1, o] per kernel,
     the rest in ``config.param_dtype``), each with ``sharding``: for ahead-of-time compiles (``specjax.aot``)."""
-    from specjax.models import t5
-
     qwix = _qwix()
 
     def one(path, x):
@@ -289,4 +287,4 @@ def abstract_quantized_model(config, sharding=None) -> QuantizedT5Model:
             qtype=jnp.int8,
         )
 
-    return QuantizedT5Model(config, jax.tree_util.tree_map_with_path(one, t5.abstract_params(config)))
+    return QuantizedT5Model(config, jax.tree_util.tree_map_with_path(one, abstract_params(config)))

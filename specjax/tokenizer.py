@@ -17,6 +17,8 @@ from typing import Iterable, Sequence
 import numpy as np
 import sentencepiece as spm
 
+from specjax.checkpoints.t5x import _exists, read_gcs_bytes
+
 __all__ = [
     "Tokenizer",
     "ByteTokenizer",
@@ -58,8 +60,6 @@ class Tokenizer:
         if extra_ids < 0:
             raise ValueError(f"extra_ids must be >= 0, got {extra_ids}.")
         if path.startswith("gs://"):  # Cloud Storage, through TensorStore's gcs driver (as T5X checkpoints)
-            from specjax.checkpoints.t5x import read_gcs_bytes
-
             data = read_gcs_bytes(path)
         else:
             if os.path.isdir(path):
@@ -344,8 +344,6 @@ def checkpoint_tokenizer(checkpoint: str | os.PathLike) -> tuple[Tokenizer, str]
     """
     path = os.fspath(checkpoint)
     if path.startswith("gs://"):  # a T5X checkpoint in Cloud Storage: spiece.model beside it or one level up
-        from specjax.checkpoints.t5x import _exists
-
         base = path.rstrip("/")
         for folder in (base, base.rpartition("/")[0]):
             model_file = f"{folder}/spiece.model"

@@ -29,6 +29,7 @@ from specjax.aot.topologies import CHIPS, GiB, _topology, topology_devices
 from specjax.config import T5Config
 from specjax.decoding.baseline import temperature_sample
 from specjax.decoding.loop import speculative_sample
+from specjax.quantize import abstract_quantized_model
 
 
 def compile_report(
@@ -123,10 +124,7 @@ def compile_report(
         )
     rules = parallel.STANDARD_RULES
     replicated = NamedSharding(the_mesh, P())
-    if quantized:
-        from specjax.quantize import abstract_quantized_model as _abstract_model_of
-    else:
-        _abstract_model_of = _abstract_model
+    _abstract_model_of = abstract_quantized_model if quantized else _abstract_model
     tmodel = _abstract_model_of(tcfg, replicated)
     dmodel = None if dcfg is None else _abstract_model_of(dcfg, replicated)
     tokens = np.full((batch, input_length), 3, np.int32)

@@ -13,8 +13,11 @@ from typing import Any
 
 import numpy as np
 
+from specjax.checkpoints import hf, rules, t5x
 from specjax.checkpoints.rules import CheckpointError, unflatten
+from specjax.hardware import auto_dtypes
 from specjax.models.t5 import T5Model
+from specjax.quantize import quantize
 
 __all__ = ["CheckpointError", "load_checkpoint", "save_checkpoint", "detect_format"]
 
@@ -31,8 +34,6 @@ def detect_format(path: str) -> tuple[str, str]:
       FileNotFoundError: the path does not exist.
       CheckpointError: nothing recognisable there (the message lists what was looked for and found).
     """
-    from specjax.checkpoints import hf, t5x
-
     path = os.fspath(path)
     if t5x.is_gcs(path):
         if t5x.find_t5x(path) is None:
@@ -123,12 +124,7 @@ def load_checkpoint(
     """
     import jax
 
-    from specjax.checkpoints import hf, t5x
-
     if dtype == "int8":
-        from specjax.hardware import auto_dtypes
-        from specjax.quantize import quantize
-
         if compute_dtype is None:
             compute_dtype = auto_dtypes(("bfloat16", "bfloat16"))[0][0]
         return quantize(load_checkpoint(path, dtype="float32", **config_overrides), "int8", compute_dtype)
@@ -166,8 +162,6 @@ def save_checkpoint(model: T5Model, path: str | os.PathLike, format: str = "hf",
       ValueError: unknown format.
       CheckpointError: parameters that do not match ``model.config``.
     """
-    from specjax.checkpoints import hf, rules, t5x
-
     path = os.fspath(path)
     if format == "hf":
         return hf.write_hf(model.config, model.params, path)

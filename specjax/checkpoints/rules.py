@@ -27,6 +27,7 @@ import jax
 import numpy as np
 
 from specjax.config import T5Config
+from specjax.models.t5 import abstract_params
 
 __all__ = [
     "CheckpointError",
@@ -211,8 +212,6 @@ def unflatten(flat: Mapping[str, Any], sep: str = "/") -> dict[str, Any]:
 def expected_shapes(config: T5Config) -> dict[str, tuple[int, ...]]:
     """t5x name -> shape of every parameter the model built from ``config`` has (from
     ``specjax.models.t5.abstract_params``; nothing is allocated)."""
-    from specjax.models.t5 import abstract_params
-
     return {k: tuple(v.shape) for k, v in flatten(abstract_params(config)).items()}
 
 
