@@ -49,10 +49,17 @@ from typing import Iterable, Iterator, Sequence
 import jax
 import numpy as np
 
+from specjax import parallel
+from specjax.decoder import CANDIDATES, SWITCH_MARGIN, Decoder, expected_tokens
 from specjax.decoding import stored
+from specjax.decoding.inputs import bucket_length, check_int, raw_keys
+from specjax.decoding.loop import as_draft_source, speculative_sample
+from specjax.decoding.model import as_decoding_model
 from specjax.decoding.result import LineResult
+from specjax.decoding.slots import SlotPrograms, check_slot_mesh
 from specjax.decoding.stored import StoredJit
 from specjax.processes import _processes, merge_processes, process_share
+from specjax.sampling import SamplingParams, validate_sampling
 
 __all__ = [
     "BulkDecoder",
@@ -147,8 +154,6 @@ class _Run:
 def _bucket(n: int, cap: int) -> int:
     """The slot width for inputs of ``n`` tokens: the smallest power of two >= n (at least 16, so 16..256 are
     ``ENCODE_WIDTHS``), capped at ``max(cap, n)``."""
-    from specjax.decoding.inputs import bucket_length
-
     return bucket_length(n, cap, minimum=16)
 
 
@@ -225,11 +230,6 @@ class BulkDecoder:
         mesh=None,
         rules=None,
     ):
-        from specjax.decoder import CANDIDATES, Decoder
-        from specjax.decoding.inputs import check_int
-        from specjax.decoding.loop import as_draft_source, speculative_sample
-        from specjax.decoding.model import as_decoding_model
-
         if not (gamma == "auto" or (isinstance(gamma, int) and not isinstance(gamma, bool) and gamma >= 0)):
             raise ValueError(f"gamma must be 'auto' or an int >= 0 (0: the target alone), got {gamma!r}.")
         if draft is None and gamma not in ("auto", 0):
@@ -296,9 +296,6 @@ class BulkDecoder:
 
     def _place_on(self, mesh) -> None:
         """Checks the mesh and places the parameters on it (target split by the rules, draft replicated)."""
-        from specjax import parallel
-        from specjax.decoding.slots import check_slot_mesh
-
         d = mesh.shape["data"] if tuple(getattr(mesh, "axis_names", ())) == ("data", "model") else 1
         if self.batch_size % d:  # each device of the data axis holds the same number of slots
             rounded = -(-self.batch_size // d) * d
@@ -356,8 +353,6 @@ class BulkDecoder:
     def _rates(self, costs, alpha: float, mean_length: float, gammas) -> dict:
         """{γ: predicted tokens/s of the slots}: ``b`` slots each emit E(α, γ) tokens per iteration, and each
         line costs its share of an encode (``b`` lines)."""
-        from specjax.decoder import expected_tokens
-
         b = self.batch_size
         out = {}
         for g in gammas:
@@ -367,8 +362,6 @@ class BulkDecoder:
 
     def _choose(self, tokens: np.ndarray, greedy: float, kinds) -> tuple[int, str]:
         """(γ, reason) for the slot batch: the best predicted rate among ``kinds`` candidates."""
-        from specjax.decoder import SWITCH_MARGIN
-
         decoder = self.decoder
         costs = decoder.costs_for(tokens)
         alpha = decoder.alpha(greedy)
@@ -416,9 +409,6 @@ class BulkDecoder:
             ``max_input_length`` without ``truncate`` (naming its index; raised after every line before it is
             yielded, so nothing valid is lost); sampling values out of range.
         """
-        from specjax.decoding.inputs import raw_keys
-        from specjax.sampling import validate_sampling
-
         validate_sampling(temperature, top_k, top_p)
         key = raw_keys(rng, 1)
         if key.ndim != 1:
@@ -530,9 +520,6 @@ class BulkDecoder:
     def _fill(self, run: "_Run") -> None:
         """Fill: the free slots take the longest inputs of the window (a new window when it is empty), encoded by
         one insert program (the slot state widened first when they need a wider encoder memory)."""
-        from specjax.decoding.slots import SlotPrograms
-        from specjax.sampling import SamplingParams
-
         b, pad = self.batch_size, self.target_fns.pad_id
         free = [s for s in range(b) if run.slot_line[s] < 0]
         if free and not run.pending and not run.exhausted:

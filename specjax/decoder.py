@@ -70,6 +70,7 @@ import jax
 import numpy as np
 
 from specjax import hardware
+from specjax.decoding import speculative_sample, temperature_sample
 from specjax.gamma_auto import (  # noqa: F401  (re-exported: the cost model's names, as before)
     BRANCH_WINDOWS_MEASURED,
     WINDOWS_MEASURED,
@@ -193,8 +194,6 @@ class Decoder:
             raise ValueError(f"alpha_prior must be in [0, 1] (or a (greedy, sampled) pair), got {alpha_prior!r}.")
         if draft is not None:  # a draft the loop would refuse (another vocabulary …) is refused now, before any γ
             # auto measures costs with it or picks the target alone around it
-            from specjax.decoding import speculative_sample
-
             speculative_sample.check_arguments(
                 target,
                 draft,
@@ -444,8 +443,6 @@ class Decoder:
           ValueError: everything ``speculative_sample`` / ``temperature_sample`` refuse; a forced gamma that
             is not an int >= 0, or >= 1 without a draft.
         """
-        from specjax.decoding import speculative_sample, temperature_sample
-
         tokens = np.asarray(encoder_input_tokens)
         if tokens.ndim != 2 or tokens.shape[0] < 1:
             raise ValueError(f"encoder_input_tokens must be int[b, s] with b >= 1, got shape {tokens.shape}.")

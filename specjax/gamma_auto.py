@@ -29,6 +29,12 @@ from typing import Sequence
 import jax
 import numpy as np
 
+from specjax import defaults
+from specjax.decoding import xla_cpu
+from specjax.decoding.baseline import STEP_WINDOW, decode_step
+from specjax.decoding.loop import as_draft_source
+from specjax.decoding.model import as_decoding_model
+
 __all__ = [
     "BRANCH_WINDOWS_MEASURED",
     "Choice",
@@ -218,8 +224,6 @@ class Choice:
 
 
 def _options(rows: int, params, batch: int):
-    from specjax.decoding import xla_cpu
-
     try:
         return xla_cpu.cpu_compiler_options(rows, xla_cpu.weights_dtype(params), batch=batch)
     except TypeError:  # a signature that also wants the devices: fall back to XLA's defaults
@@ -291,9 +295,6 @@ def measure_costs(
     """
     import jax.numpy as jnp
 
-    from specjax.decoding.loop import as_draft_source
-    from specjax.decoding.model import as_decoding_model
-
     t_fns, t_params = as_decoding_model(target, "target")
     source, d_params = as_draft_source(draft)
     d_fns = getattr(source, "model", None)
@@ -307,8 +308,6 @@ def measure_costs(
         repeated ``rows`` times; with ``branches`` > 0, ``decode_branches`` calls of that many branches of ``k``
         tokens instead (the cache read, not written, as the loop's verify step); ``step``: the target alone's
         step as its loops run it (``baseline.decode_step``, k = 1)."""
-        from specjax.decoding.baseline import decode_step
-
         xr = jnp.repeat(x, rows, axis=0)
         br = b * rows
         enc = jax.jit(fns.encode)(params, xr)
@@ -332,8 +331,6 @@ def measure_costs(
         return jax.jit(chain, compiler_options=options), (params, enc, fns.init_cache(br, length))
 
     ks = sorted({k for k in WINDOWS_MEASURED if k <= max_gamma + 1} | {max_gamma + 1} - {1})
-    from specjax.decoding.baseline import STEP_WINDOW
-
     # The target alone's step on the windows' numeric path (STEP_WINDOW, decode_step): timed as it runs.
     parts = {("target", 1): decode_part(t_fns, t_params, 1, _options(b * STEP_WINDOW, t_params, b), step=True)}
     parts.update({("target", k): decode_part(t_fns, t_params, k, _options(b * k, t_params, b)) for k in ks})
@@ -393,8 +390,6 @@ def _model_seconds(costs: Costs, gamma: int, iterations: float, num_drafts: int 
 def _model_digest(model) -> str:
     """A digest of what a model's costs depend on: its ``DecodingModel`` (config, kv dtype), parameter
     dtypes and shapes (not values)."""
-    from specjax.decoding.loop import as_draft_source
-
     fns, params = as_draft_source(model)
     if params is None:
         return f"source:{fns!r}"
@@ -434,8 +429,6 @@ _SHIPPED = {
 def recorded_alpha(target, draft) -> tuple[float, float] | None:
     """The shipped pair's recorded (temperature 0, temperature 1) α (``specjax.defaults.PAIR_ALPHA``) when
     ``target`` and ``draft`` are a shipped pair's weights (``fingerprint``), else None."""
-    from specjax import defaults
-
     name = _SHIPPED.get((fingerprint(target), fingerprint(draft)))
     return getattr(defaults, "PAIR_ALPHA", {}).get(name) if name else None
 

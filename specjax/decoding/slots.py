@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax.decoding import sharding
+from specjax.decoding.baseline import decode_step, sample_next
 from specjax.decoding.drafts import DraftSource, decoder_input_at
 from specjax.decoding.inputs import DecodeConfig, split_rows, target_cache_length
 from specjax.decoding.loop import SpecState, speculative_body
@@ -97,8 +98,6 @@ def target_body(target: DecodingModel, config: DecodeConfig, params, encoded, sa
     position. The same per-row arithmetic as ``temperature_sample``'s step (``baseline.decode_step``, key split,
     ``sample_next``, the EOS and length rules), so a row's tokens equal that call's for the row's key;
     ``target_calls`` counts the row's tokens."""
-    from specjax.decoding.baseline import decode_step, sample_next
-
     T, pad_id = config.max_decode_length, target.pad_id
 
     def body(state: SpecState) -> SpecState:

@@ -48,6 +48,8 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
+from specjax import hardware
+
 __all__ = [
     "StoredJit",
     "ProgramEvent",
@@ -134,9 +136,7 @@ def program_dir() -> Path | None:
     (``SPECJAX_CACHE_DIR=off``, ``specjax --no-cache``) or ``SPECJAX_PROGRAM_CACHE=off``."""
     if os.environ.get("SPECJAX_PROGRAM_CACHE", "").strip().lower() in ("0", "off", "false", "no"):
         return None
-    from specjax.hardware import cache_dir
-
-    root = cache_dir()
+    root = hardware.cache_dir()
     return None if root is None else root / "programs"
 
 
@@ -216,10 +216,8 @@ def environment_key() -> str:
     docstring): versions, backend, devices, CPU, XLA flags, lowering settings and specjax's source digest."""
     import jaxlib
 
-    from specjax.hardware import cpu_info
-
     devices = jax.devices()
-    info = cpu_info()
+    info = hardware.cpu_info()
     parts = [
         f"format={FORMAT}",
         f"jax={jax.__version__}",
