@@ -12,7 +12,7 @@ Each concern lives in its own module:
   report.py      Markdown / CSV tables and the α / speedup plots of run_row's records
   profile.py     a jax.profiler trace of the real compiled decode, read back per named scope and per
                  iteration, beside this machine's limits (profile_decode, format_profile)
-  peers.py       Hugging Face transformers and CTranslate2 on the same weights and inputs
+  peers/         Hugging Face transformers (hf.py) and CTranslate2 (ct2.py) on the same weights and inputs
   invariance.py  a verification window's logits against the target alone's steps (window_step_mismatch)
 
 The names below are re-exported for convenience (``from specjax import bench; bench.measure_pair(...)``).
