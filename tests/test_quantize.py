@@ -12,10 +12,18 @@ import numpy as np
 import pytest
 from test_decoding import SIGNIFICANCE, _chi_square, _exact_sequence_distribution, _inputs, _t5_config, tiny_pair
 
-from specjax import BulkDecoder, T5Model, speculative_sample, temperature_sample
+from specjax import BulkDecoder, T5Config, T5Model, speculative_sample, temperature_sample
 from specjax.checkpoints import load_checkpoint, save_checkpoint
 from specjax.decoder import Decoder
-from specjax.quantize import QuantizedT5Model, dequantize_params, is_quantized, quantize, quantize_params
+from specjax.models.adapter import T5Decoding
+from specjax.quantize import (
+    QuantizedDecoding,
+    QuantizedT5Model,
+    dequantize_params,
+    is_quantized,
+    quantize,
+    quantize_params,
+)
 from specjax.sampling import Sampler
 
 
@@ -140,6 +148,43 @@ def test_scanned_layers_read_the_int8_kernels_as_the_unrolled_ones(tiny):
         results.append(np.asarray(logits))
     np.testing.assert_array_equal(results[0].sequences, results[2].sequences)
     np.testing.assert_allclose(results[1], results[3], atol=1e-5)
+
+
+def test_scanned_int8_decode_dequantizes_one_layer_at_a_time():
+    """The scanned int8 decode program (``decoding_model(scan_layers=True)``) dequantizes each layer's slice inside
+    the scan body: its temporaries (``memory_analysis`` of the compiled program) stay below the bytes of the
+    decoder's dequantized layer stack, and its logits equal, bit for bit, those of the program that dequantizes the
+    whole stacked tree before the scan. That program is the control: its temporaries hold the whole stack, so the
+    measure does see such a copy."""
+    config = T5Config(
+        vocab_size=32, d_model=64, num_heads=4, head_dim=16, mlp_dim=512, num_encoder_layers=2,
+        num_decoder_layers=6, name="tiny",
+    )  # fmt: skip
+    q8 = quantize(T5Model.random(config, seed=5))
+    fns, params = q8.decoding_model(scan_layers=True)
+    assert isinstance(fns, QuantizedDecoding) and fns.scan_layers
+    is_q = lambda x: hasattr(x, "qvalue")  # noqa: E731
+    kernels = [x for x in jax.tree_util.tree_leaves(params["decoder"]["layers"], is_leaf=is_q) if is_q(x)]
+    assert len(kernels) == 11 and all(k.qvalue.shape[0] == config.num_decoder_layers for k in kernels)
+    stack_bytes = sum(k.qvalue.size for k in kernels) * np.dtype(config.param_dtype).itemsize  # 3.1 MB
+    float_fns = T5Decoding(fns.config, fns.encode_widths, fns.kv_dtype, fns.scan_layers, fns.slice_rows)
+
+    def whole_tree_first(params, encoded, tokens, cache, positions):
+        return float_fns.decode(dequantize_params(params, config.param_dtype), encoded, tokens, cache, positions)
+
+    x = jnp.asarray(_inputs(np.random.default_rng(2), 2, 10, 32))
+    args = (
+        params,
+        fns.encode(params, x),
+        jnp.full((2, 3), 5, jnp.int32),
+        fns.init_cache(2, 16),
+        jnp.zeros(2, jnp.int32),
+    )
+    per_layer = jax.jit(fns.decode).lower(*args).compile()
+    whole = jax.jit(whole_tree_first).lower(*args).compile()
+    assert per_layer.memory_analysis().temp_size_in_bytes < stack_bytes / 2
+    assert whole.memory_analysis().temp_size_in_bytes >= stack_bytes
+    np.testing.assert_array_equal(np.asarray(per_layer(*args)[0]), np.asarray(whole(*args)[0]))
 
 
 @pytest.mark.slow

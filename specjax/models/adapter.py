@@ -6,6 +6,7 @@ Legend for shapes (STYLE.md): ``b`` batch, ``s`` encoder length, ``k`` window, `
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -78,7 +79,7 @@ class T5Decoding:
         """
         s = encoder_input_tokens.shape[1]
         widths = run_time_widths(self.encode_widths, s)
-        run_encoder = t5.encode_scanned if self.scan_layers else t5.encode
+        run_encoder = functools.partial(t5.encode_scanned, per_layer=self.per_layer) if self.scan_layers else t5.encode
         if len(widths) == 1:
             return self._memory(run_encoder(self.config, params, encoder_input_tokens))
         tokens = jnp.asarray(encoder_input_tokens, jnp.int32)
@@ -105,21 +106,32 @@ class T5Decoding:
         cast = lambda xs: jax.tree.map(lambda x: x.astype(self.kv_dtype), xs)
         return t5.Encoded(enc.mask, cast(enc.cross_k), cast(enc.cross_v))
 
+    def per_layer(self, layer_params):
+        """With ``scan_layers``: one layer's parameters as the scan slices them from the stacked tree, inside the
+        scan body, -> the parameters the layer computes with (``t5.encode_scanned``'s ``per_layer``): the
+        identity here. ``specjax.quantize.QuantizedDecoding`` dequantizes there, so a quantized program holds one
+        layer's float kernels at a time rather than the whole stack's."""
+        return layer_params
+
     query_rows = True
     """``decode`` takes ``query_rows`` (``specjax.decoding.baseline.decode_step`` uses it)."""
 
     def decode(self, params, encoded, tokens, cache, positions, query_rows: int | None = None):
         """int32[b, k] at int32[b] -> (float32 logits [b, k, v], cache) (``specjax.models.t5.decode``, or
         ``t5.decode_scanned`` with ``scan_layers``; ``slice_rows`` and ``query_rows`` passed on)."""
-        run_decoder = t5.decode_scanned if self.scan_layers else t5.decode
-        return run_decoder(self.config, params, encoded, tokens, cache, positions, self.slice_rows, query_rows)
+        if self.scan_layers:
+            return t5.decode_scanned(
+                self.config, params, encoded, tokens, cache, positions, self.slice_rows, query_rows, self.per_layer
+            )
+        return t5.decode(self.config, params, encoded, tokens, cache, positions, self.slice_rows, query_rows)
 
     def decode_branches(self, params, encoded, tokens, cache, positions):
         """int32[b, k, w] branches at int32[b] -> (float32 logits [b, k, w, v], window): every branch over the
         committed cache and its own tokens, the cache unchanged (``specjax.models.t5.decode_branches``, or
         ``t5.decode_branches_scanned`` with ``scan_layers``)."""
-        run = t5.decode_branches_scanned if self.scan_layers else t5.decode_branches
-        return run(self.config, params, encoded, tokens, cache, positions)
+        if self.scan_layers:
+            return t5.decode_branches_scanned(self.config, params, encoded, tokens, cache, positions, self.per_layer)
+        return t5.decode_branches(self.config, params, encoded, tokens, cache, positions)
 
     def commit_branch(self, cache, window, branch, positions, width: int):
         """Writes branch int32[b] (``width`` tokens) of a ``decode_branches`` window at int32[b] into the cache

@@ -8,6 +8,8 @@ Legend for shapes (STYLE.md): ``b`` batch, ``s`` encoder length, ``t`` decoder l
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -205,6 +207,18 @@ def stacked_logical_axes(tree):
     return type(tree)(*(stacked(x, f) for x, f in zip(tree, axes)))
 
 
+PerLayer = Callable[[Params], Params]
+"""A map applied to one layer's parameters inside the scan body, after ``lax.scan`` slices them from the stacked
+tree (in the stacked orientation: ``TRANSPOSED_STACKS`` kernels still [n*h, d]) and before the layer computes with
+them. The scanned functions take one as ``per_layer`` (None: the identity); ``T5Decoding.per_layer`` passes its
+own (``specjax.quantize.QuantizedDecoding`` dequantizes there: one layer's float kernels live at a time, not the
+whole stack's)."""
+
+
+def _per_layer(per_layer: PerLayer | None) -> PerLayer:
+    return (lambda layer_params: layer_params) if per_layer is None else per_layer
+
+
 def _layers_of(params: Params, stack: str) -> Params:
     layers = params[stack].get(LAYERS_AXIS) if isinstance(params.get(stack), dict) else None
     if layers is None:
@@ -262,13 +276,16 @@ def _decoder_head(module: "Transformer", y_bkd):
     return module.decoder.head(y_bkd, module.token_embedder)
 
 
-def encode_scanned(config: T5Config, params: Params, encoder_input_tokens) -> Encoded:
+def encode_scanned(
+    config: T5Config, params: Params, encoder_input_tokens, per_layer: PerLayer | None = None
+) -> Encoded:
     """``encode`` with the layers under ``lax.scan``: the same values, one layer's code in the program.
 
     Args:
       config: the model's config.
       params: stacked parameters (``stack_layers``).
       encoder_input_tokens: int32[b, s], right-padded with ``pad_id``.
+      per_layer: applied to each layer's sliced parameters inside the scan bodies (``PerLayer``); None: none.
     Returns:
       ``Encoded`` with stacked memory: mask bool[b, s], cross_k [l, b, n, h, s], cross_v [l, b, n, s, h]
       (compute dtype; logical axes ``stacked_logical_axes``).
@@ -281,8 +298,10 @@ def encode_scanned(config: T5Config, params: Params, encoder_input_tokens) -> En
     model = Transformer(config)
     x_bsd, mask, pos, mask_bias, shared_bias = model.apply({"params": params}, tokens, method=_encoder_inputs)
     layer = EncoderLayer(config, parent=None)
+    per_layer = _per_layer(per_layer)
 
     def encoder_layer(x, layer_params):
+        layer_params = per_layer(layer_params)
         bias = shared_bias
         if bias is None:  # umT5: this layer's own table
             bias = layer.apply({"params": layer_params}, pos, method=_layer_encoder_bias) + mask_bias
@@ -293,7 +312,7 @@ def encode_scanned(config: T5Config, params: Params, encoder_input_tokens) -> En
     cross = DecoderLayer(config, parent=None)
 
     def cross_memory(_, layer_params):
-        layer_params = _untranspose_layer("decoder", layer_params)
+        layer_params = _untranspose_layer("decoder", per_layer(layer_params))
         return None, cross.apply({"params": layer_params}, hidden, method=DecoderLayer.cross_kv)
 
     _, (cross_k, cross_v) = jax.lax.scan(cross_memory, None, decoder_layers)
@@ -309,6 +328,7 @@ def decode_scanned(
     positions,
     slice_rows: bool = False,
     query_rows: int | None = None,
+    per_layer: PerLayer | None = None,
 ):
     """``decode`` with the layers under ``lax.scan``: the same contract and values.
 
@@ -326,6 +346,7 @@ def decode_scanned(
       cache: ``KVCache`` of stacked arrays [l, b, n, L, h] (``init_cache(..., stacked=True)``).
       positions: int32[b], the position of each row's first window token.
       slice_rows, query_rows: see ``decode``.
+      per_layer: applied to each layer's sliced parameters inside the scan body (``PerLayer``); None: none.
     Returns:
       (logits float32[b, k, v], updated stacked cache).
     Raises:
@@ -349,11 +370,12 @@ def decode_scanned(
     rows = jnp.arange(b)[:, None]
     in_place = _slices_fit(slice_rows, b, k, cache_len)
     layer = DecoderLayer(config, parent=None)
+    per_layer = _per_layer(per_layer)
 
     def decoder_layer(carry, xs):
         x, cache_k, cache_v = carry  # [b, k, d], [l, b, n, L, h] x 2
         layer_params, cross_k, cross_v, i = xs
-        layer_params = _untranspose_layer("decoder", layer_params)
+        layer_params = _untranspose_layer("decoder", per_layer(layer_params))
         self_bias = shared_bias  # [b, n, k, L]
         if self_bias is None:  # umT5: this layer's own table
             self_bias = layer.apply({"params": layer_params}, column, cache_len + r, method=_layer_causal_bias)
@@ -404,9 +426,18 @@ def _stack_relpos_bias(module: "Transformer", column, table_len: int):
     return _causal_bias(module.decoder.relpos_bias, column, table_len)
 
 
-def decode_branches_scanned(config: T5Config, params: Params, encoded: Encoded, tokens, cache: KVCache, positions):
+def decode_branches_scanned(
+    config: T5Config,
+    params: Params,
+    encoded: Encoded,
+    tokens,
+    cache: KVCache,
+    positions,
+    per_layer: PerLayer | None = None,
+):
     """``decode_branches`` with the layers under ``lax.scan`` (stacked parameters, memory and cache): the same
-    contract and values; the window's keys/values come back stacked, [l, b, k · w, n, h].
+    contract and values; the window's keys/values come back stacked, [l, b, k · w, n, h]. ``per_layer``: applied
+    to each layer's sliced parameters inside the scan body (``PerLayer``); None: none.
 
     Raises:
       ValueError: unstacked parameters; tokens that are not [b, k, w].
@@ -426,10 +457,11 @@ def decode_branches_scanned(config: T5Config, params: Params, encoded: Encoded, 
     if not config.per_layer_relpos_bias:
         shared = model.apply({"params": params}, column, table_len, method=_stack_relpos_bias)
     layer = DecoderLayer(config, parent=None)
+    per_layer = _per_layer(per_layer)
 
     def decoder_layer(x, xs):
         layer_params, cache_k, cache_v, cross_k, cross_v = xs
-        layer_params = _untranspose_layer("decoder", layer_params)
+        layer_params = _untranspose_layer("decoder", per_layer(layer_params))
         self_bias = shared
         if self_bias is None:  # umT5: this layer's own table
             self_bias = layer.apply({"params": layer_params}, column, table_len, method=_layer_relpos_bias)
