@@ -172,9 +172,13 @@ def _bar_status(bar, text: str | None) -> None:
     bar.set_description_str(bar._own_desc if text is None else f"{bar._own_desc}: {text}", refresh=True)
 
 
-def _group_size(rows: int, refill: int, b: int, multiple: int) -> int:
-    """The rows of one insert program for ``rows`` rows: ``refill`` × the smallest power of two that holds them,
-    rounded up to a multiple of ``multiple`` (a mesh's data size), at most ``b``: a few programs serve every group."""
+def _group_size(rows: int, refill: int, b: int, multiple: int | None) -> int:
+    """The rows of one insert program for ``rows`` rows. One device (``multiple`` None): ``b``, one program per
+    encoder width (it encodes only the rows in use, ``SlotPrograms.insert``'s ``count``). On a mesh, where the new
+    rows are encoded together split over "data": ``refill`` × the smallest power of two that holds them, rounded
+    up to a multiple of ``multiple`` (the data size), at most ``b``: a few programs serve every group."""
+    if multiple is None:
+        return b
     m = refill
     while m < rows:
         m *= 2
@@ -195,7 +199,7 @@ class BulkDecoder:
       eos_id, max_input_length, truncate, verification, draft_confidence_threshold: as ``speculative_sample``.
       read_ahead: inputs read and sorted at a time, in units of ``batch_size`` (CTranslate2's default is 16).
       refill: run the loop until at least this many slots are free, then refill them (default ``b // 4``, at
-        least 1); the inserts of a run take groups of ``refill`` × a power of two rows (one program each).
+        least 1); one insert program per encoder width (on a mesh, groups of ``refill`` × a power of two rows).
       candidates, alpha_prior, cost_cache, costs: as ``specjax.Decoder`` (γ auto).
       mesh: None (one device) or a ``("data", "model")`` mesh of this process's devices
         (``specjax.parallel.make_mesh``): the slots split over "data" (``batch_size`` rounded up to a multiple
@@ -551,7 +555,7 @@ class BulkDecoder:
         elif need > run.width:
             run.width = need
             run.slots = programs.widen(self.target_params, self.draft_params, run.slots, run.width)
-        m = _group_size(len(take), self.refill, b, programs.row_multiple)
+        m = _group_size(len(take), self.refill, b, None if self.mesh is None else programs.row_multiple)
         tokens = np.full((m, run.width), pad, np.int32)
         ids = np.full((m,), b, np.int32)  # b: dropped
         lines = np.zeros((m,), np.int32)
@@ -561,7 +565,9 @@ class BulkDecoder:
             run.slot_line[s] = i
         keys = _line_keys(run.key, lines)
         sampling = SamplingParams.broadcast(m, *run.sampling)
-        run.slots = programs.insert(self.target_params, self.draft_params, run.slots, tokens, ids, keys, sampling)
+        run.slots = programs.insert(
+            self.target_params, self.draft_params, run.slots, tokens, ids, keys, sampling, count=len(take)
+        )
 
     def _run_slots(self, run: "_Run", t0: float) -> np.ndarray:
         """Run: the loop over every slot until enough are done to refill (``refill`` more than are idle; all of

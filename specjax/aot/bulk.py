@@ -264,6 +264,7 @@ def bulk_report(
         row_spec((m,), jnp.int32),
         row_spec((m, 2), jnp.uint32),
         sampling,
+        spec((), jnp.int32),  # the rows in use (every one on a mesh)
         tparams,
         dparams,
     )

@@ -70,8 +70,8 @@ class Slots(NamedTuple):
     sampling: SamplingParams
 
 
-def encode_alone(model: DecodingModel, params, tokens):
-    """``model.encode(params, tokens)`` with every row encoded as a batch of one (``lax.map`` over the rows):
+def encode_alone(model: DecodingModel, params, tokens, count=None):
+    """``model.encode(params, tokens)`` with every row encoded as a batch of one (a loop over the rows):
     int32[m, S] -> the encoder output of m rows, each bit for bit what the row alone gives.
 
     XLA:CPU's encoder program rounds a row's output differently when other rows share the call (the shipped small
@@ -79,18 +79,27 @@ def encode_alone(model: DecodingModel, params, tokens):
     keys can move in the last bit), and a near-tie in the decoder then parts the greedy output of a line inserted
     with others from the line decoded alone. Encoding each row alone keeps a line's output independent of the rows
     inserted with it (DESIGN.md, "Bulk decoding and company"); the work is the same, in m calls of one row.
+
+    Args:
+      count: int32[] (traced or static), the rows to encode: the first ``count`` rows (None: all ``m``); the
+        other rows' outputs are zeros. One program then serves every number of new rows up to ``m``.
     The batch axis of each output leaf is found from its shapes at 1 and 2 rows (0, or 1 for stacked layers).
     """
+    m = tokens.shape[0]
     one = jax.eval_shape(lambda t: model.encode(params, t), jax.ShapeDtypeStruct((1,) + tokens.shape[1:], tokens.dtype))
     two = jax.eval_shape(lambda t: model.encode(params, t), jax.ShapeDtypeStruct((2,) + tokens.shape[1:], tokens.dtype))
     axes = jax.tree.map(lambda a, b: next(i for i, (x, y) in enumerate(zip(a.shape, b.shape)) if x != y), one, two)
-    mapped = jax.lax.map(lambda row: model.encode(params, row[None]), tokens)  # leaves [m, ..., 1, ...]
 
-    def place(x, axis):  # [m, *shape with 1 at axis] -> shape with m at axis
-        return jnp.squeeze(jnp.moveaxis(x, 0, axis + 1), axis)
+    def zeros(x, axis):  # the m-row shape of a one-row leaf
+        shape = list(x.shape)
+        shape[axis] = m
+        return jnp.zeros(shape, x.dtype)
 
-    out = jax.tree.map(place, mapped, axes)
-    return out
+    def body(i, out):
+        row = model.encode(params, jax.lax.dynamic_slice_in_dim(tokens, i, 1, 0))
+        return jax.tree.map(lambda o, r, axis: jax.lax.dynamic_update_slice_in_dim(o, r, i, axis), out, row, axes)
+
+    return jax.lax.fori_loop(0, m if count is None else count, body, jax.tree.map(zeros, one, axes))
 
 
 def target_body(target: DecodingModel, config: DecodeConfig, params, encoded, sampling: SamplingParams):
@@ -230,18 +239,21 @@ class SlotPrograms:
         return cls._shared[key]
 
     # --- building blocks (traced) ----------------------------------------------------------------------------
-    def _fresh(self, rows: int, target_params, draft_params, tokens, keys, sampling) -> Slots:
-        """The slot state of ``rows`` new inputs ``tokens`` int32[rows, S]: encoded, position 0, not done."""
+    def _fresh(self, rows: int, target_params, draft_params, tokens, keys, sampling, count=None) -> Slots:
+        """The slot state of ``rows`` new inputs ``tokens`` int32[rows, S]: encoded, position 0, not done (on one
+        device only the first ``count`` rows are encoded, int32[] or None for all; the others are dropped)."""
         T, L, G = self.max_decode_length, self.cache_length, self.max_gamma
         alone = self.mesh is None and rows > 1  # one device: each new row encoded as a batch of 1 (encode_alone)
         encoded = (
-            encode_alone(self.target, target_params, tokens) if alone else self.target.encode(target_params, tokens)
+            encode_alone(self.target, target_params, tokens, count)
+            if alone
+            else self.target.encode(target_params, tokens)
         )
         context, carry = None, None
         if self.draft is not None:
             context, carry = self.draft.start(draft_params, tokens, L)
             if alone and hasattr(self.draft, "model"):  # a draft model: its encoder too (sampled draws use it)
-                context = encode_alone(self.draft.model, draft_params, tokens)
+                context = encode_alone(self.draft.model, draft_params, tokens, count)
         state = SpecState(
             self.target.init_cache(rows, L),
             carry,
@@ -349,7 +361,7 @@ class SlotPrograms:
             )
         return self._widen(slots, wider)
 
-    def insert(self, target_params, draft_params, slots: Slots, tokens, slot_ids, keys, sampling) -> Slots:
+    def insert(self, target_params, draft_params, slots: Slots, tokens, slot_ids, keys, sampling, count=None) -> Slots:
         """Writes ``m`` new inputs into the given slots (compiled once per ``m`` and width; ``slots`` donated).
 
         Args:
@@ -359,6 +371,9 @@ class SlotPrograms:
           slot_ids: int32[m] the slot of each row; ``b`` for a row to drop (padding of the group).
           keys: uint32[m, 2] each row's key (``fold_in(seed, line index)``).
           sampling: ``SamplingParams`` [m].
+          count: int, the rows in use (the first ``count``; the others have slot id ``b``), None: ``m``. On one
+            device only those rows are encoded, so one program of ``m = b`` rows serves every refill of a width;
+            on a mesh every row is (batched, split over "data").
         Returns:
           the new ``Slots``.
         Raises:
@@ -373,9 +388,9 @@ class SlotPrograms:
         key = (m, width)
         if key not in self._insert:
 
-            def write(slots, tokens, slot_ids, keys, sampling, target_params, draft_params):
+            def write(slots, tokens, slot_ids, keys, sampling, count, target_params, draft_params):
                 axes = self._batch_axes(target_params, draft_params, width)  # traced here: a loaded program skips it
-                new = self._fresh(tokens.shape[0], target_params, draft_params, tokens, keys, sampling)
+                new = self._fresh(tokens.shape[0], target_params, draft_params, tokens, keys, sampling, count)
 
                 def put(old, fresh, axis):
                     if axis is None:
@@ -392,9 +407,10 @@ class SlotPrograms:
 
             sh = self.slot_shardings(target_params, draft_params, width)
             self._insert[key] = self._jit(
-                write, sh, sh, (target_params, draft_params), n_host=4, name=f"insert[{m}x{width}]", donate_argnums=(0,)
+                write, sh, sh, (target_params, draft_params), n_host=5, name=f"insert[{m}x{width}]", donate_argnums=(0,)
             )
-        return self._insert[key](slots, tokens, slot_ids, keys, sampling, target_params, draft_params)
+        count = jnp.int32(m if count is None else count)
+        return self._insert[key](slots, tokens, slot_ids, keys, sampling, count, target_params, draft_params)
 
     def run(self, target_params, draft_params, slots: Slots, gamma: int, min_done: int, max_iterations: int):
         """Runs the loop over the slots until at least ``min_done`` are done (empty slots count) or after
