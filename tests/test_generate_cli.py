@@ -84,7 +84,7 @@ def test_generate_writes_greedy_target_outputs_in_order(tmp_path, checkpoints, c
     assert "speedup" in report
 
 
-def test_outputs_do_not_depend_on_batch_size_and_runs_resume(tmp_path, checkpoints):
+def test_outputs_do_not_depend_on_batch_size_and_runs_resume(tmp_path, checkpoints, capsys):
     sample = ("--temperature", "1.0", "--seed", "3")
     rc, full = _run(tmp_path, checkpoints, "--batch-size", "4", *sample, output="full.txt")
     assert rc == 0
@@ -95,8 +95,11 @@ def test_outputs_do_not_depend_on_batch_size_and_runs_resume(tmp_path, checkpoin
     lines = full.read_text(encoding="utf-8").split("\n")
     partial = tmp_path / "partial.txt"
     partial.write_text(lines[0] + "\n" + lines[1] + "\n" + "half a li", encoding="utf-8")
+    capsys.readouterr()
     rc, resumed = _run(tmp_path, checkpoints, "--batch-size", "4", *sample, output="partial.txt")
     assert rc == 0 and resumed.read_text(encoding="utf-8") == full.read_text(encoding="utf-8")
+    n = len(LINES)
+    assert f"partial.txt: 2 of {n} lines already written; resuming at line 3." in capsys.readouterr().err
     # Nothing left to do.
     rc, _ = _run(tmp_path, checkpoints, "--batch-size", "4", *sample, output="partial.txt")
     assert rc == 0 and resumed.read_text(encoding="utf-8") == full.read_text(encoding="utf-8")

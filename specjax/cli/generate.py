@@ -307,6 +307,8 @@ def run(args: argparse.Namespace) -> int:
     if done >= len(lines):
         print(f"{args.output}: all {len(lines)} lines already written; nothing to do.", file=report)
         return 0
+    if done and writer:
+        print(f"{args.output}: {done} of {len(lines)} lines already written; resuming at line {done + 1}.", file=report)
 
     from specjax.bulk import BulkDecoder
     from specjax.cli import draft_source, speculative_kwargs
