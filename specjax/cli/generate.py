@@ -78,7 +78,8 @@ def add_parser(sub) -> None:
         "--draft-dtype",
         choices=("auto", "float32", "bfloat16", "int8"),
         default=None,
-        help="the draft's dtype (default: --dtype); int8 changes only alpha, never the output",
+        help="the draft's dtype (default: with --dtype auto and the shipped pair, the draft's path for this CPU; "
+        "else --dtype); int8 changes only alpha, never the output",
     )
     p.add_argument(
         "--compare-baseline",
