@@ -85,3 +85,19 @@ def test_help_gives_the_defaults_the_commands_use(capsys):
     translate = _help("translate", capsys)
     assert "--mesh" not in translate and "--data-parallel" not in translate
     assert f"(default: {D.max_decode_length['translation']})" in translate
+
+
+@pytest.mark.parametrize("command", ["demo", "generate"])
+def test_a_default_named_in_help_is_a_value_the_flag_accepts(command, capsys):
+    """``--dtype`` / ``--draft-dtype`` say their default is "auto": passing "auto" is accepted and means the
+    default (what the command resolves with the flag absent); ``--max-input-length`` gives its default."""
+    from specjax.cli import build_parser
+
+    base = ["demo"] if command == "demo" else ["generate", "--output", "-", "--input", "-"]
+    parser = build_parser()
+    absent = parser.parse_args(base)
+    given = parser.parse_args(base + ["--dtype", "auto", "--draft-dtype", "auto"])
+    assert (given.dtype or "auto") == (absent.dtype or "auto") == "auto"
+    assert (given.draft_dtype or "auto") == (absent.draft_dtype or "auto") == "auto"
+    if command == "generate":
+        assert "(default 512)" in " ".join(_help("generate", capsys).split())

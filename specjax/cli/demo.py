@@ -33,7 +33,7 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--dtype",
         default=None,
-        choices=["float32", "bfloat16", "int8"],
+        choices=["auto", "float32", "bfloat16", "int8"],
         help="the target's compute dtype, for both decodes (int8: Qwix weight-only int8, computed in auto's "
         "dtype; default auto: bfloat16 for the small target "
         "only on a CPU with native bfloat16 dots, avx512_bf16 / amx_bf16, else float32; "
@@ -42,7 +42,7 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--draft-dtype",
         default=None,
-        choices=["float32", "bfloat16", "int8"],
+        choices=["auto", "float32", "bfloat16", "int8"],
         help="the draft's compute dtype (int8: Qwix weight-only, exact as any draft; default: with --dtype auto, "
         "the pair's path for this CPU; else --dtype)",
     )

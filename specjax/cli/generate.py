@@ -62,7 +62,9 @@ def add_parser(sub) -> None:
     )
     add_size_arg(p)
     p.add_argument("--batch-size", type=int, default=32, help="rows per decode call (default 32)")
-    p.add_argument("--max-input-length", type=int, default=512, help="most input tokens per line (with EOS)")
+    p.add_argument(
+        "--max-input-length", type=int, default=512, help="most input tokens per line, EOS included (default 512)"
+    )
     p.add_argument("--truncate", action="store_true", help="cut longer inputs instead of failing")
     p.add_argument(
         "--dtype",
