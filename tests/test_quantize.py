@@ -236,3 +236,17 @@ def test_load_checkpoint_int8(tiny, tmp_path):
         load_checkpoint(tmp_path / "m", dtype="int4")
     with pytest.raises(ValueError, match="quantized already"):
         quantize(q8)
+
+
+def test_the_cost_ratio_of_an_int8_draft_times_the_steps_the_loops_run(tiny):
+    """``bench.measure_cost_ratio`` with an int8 draft (and an int8 target) times the dequantized model's steps,
+    as the unscanned loops run them (the dequantization hoisted out of the loop): positive step times and c =
+    draft step / target step."""
+    from specjax import bench
+
+    target, draft = tiny
+    x = _inputs(np.random.default_rng(1), 2, 6, 32)
+    for t, d in ((target, quantize(draft)), (quantize(target), quantize(draft))):
+        r = bench.measure_cost_ratio(t, d, x, gamma=2, steps=2, repeats=1)
+        assert r["draft_step_s"] > 0 and r["target_step_s"] > 0 and r["target_window_s"] > 0
+        assert r["c"] == pytest.approx(r["draft_step_s"] / r["target_step_s"])

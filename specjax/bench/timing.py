@@ -20,6 +20,7 @@ from specjax.decoder import Decoder
 from specjax.decoding import speculative_sample, temperature_sample
 from specjax.decoding.xla_cpu import TunedJit
 from specjax.models import t5
+from specjax.quantize import QuantizedT5Model
 from specjax.sampling import argmax
 
 __all__ = [
@@ -532,6 +533,8 @@ _steps = TunedJit(_steps_loop, (0, 4, 5, 6), lambda *a: a[6] * a[4], lambda *a: 
 
 
 def _time_steps(model, encoder_input_tokens, k: int, n: int, repeats: int) -> float:
+    if isinstance(model, QuantizedT5Model):  # unscanned (CPU), the loops dequantize once per call, outside their
+        model = model.dequantized()  # while loop (XLA hoists it): the steps they run are the dequantized model's
     encoded = model.encode(encoder_input_tokens)
     cache = model.init_cache(encoder_input_tokens.shape[0], 16 + k)
     b = int(encoder_input_tokens.shape[0])
