@@ -513,10 +513,11 @@ def profile() -> None:
         f"{costs['flops_per_token'] * args.batch / (limits['matmul_gflop_s'] * 1e9) * 1e3:.2f} ms per iteration of "
         f"{args.batch} slots",
         "",
-        "| op (12 costliest in the loop) | scope | ms per iteration | runs per iteration |",
-        "|---|---|---|---|",
+        "| op (12 costliest in the loop) | scope | JAX source (op_name) | ms per iteration | runs per iteration |",
+        "|---|---|---|---|---|",
     ]
-    out += [f"| `{op}` | {scope} | {ms:.3f} | {n:.1f} |" for op, scope, ms, n in prof.top_ops]
+    src = prof.op_sources
+    out += [f"| `{op}` | {scope} | `{src.get(op, '')}` | {ms:.3f} | {n:.1f} |" for op, scope, ms, n in prof.top_ops]
     text = "\n".join(out) + "\n"
     print(text)
     if args.out:

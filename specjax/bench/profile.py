@@ -186,6 +186,12 @@ def read_trace(log_dir: str) -> Trace:
     return Trace(dict(events), modules)
 
 
+def _source_of(op: str, ops: dict) -> str:
+    """The last three parts of an instruction's JAX source name (its ``op_name`` metadata, e.g.
+    ``layers_0/mlp/dot_general``): which part of the model a fusion comes from ("" when unknown)."""
+    return "/".join(ops[op].op_name.split("/")[-3:]) if op in ops else ""
+
+
 def _scope_of(op_name: str) -> str | None:
     for part in op_name.split("/"):
         part = _ALIASES.get(part, part)
@@ -220,6 +226,7 @@ class CallsProfile:
       top_ops: the 12 costliest thunks of the loop: (op, scope, ms per iteration, executions per iteration).
       top_outside_ops: the 12 costliest thunks of the decode program outside the loop (the fixed per-call cost:
         encoders, conversions): (op, scope, ms per call, executions per call).
+      op_sources: for each of ``top_ops``, the last three parts of its JAX source name (``_source_of``).
     """
 
     calls: int
@@ -237,6 +244,7 @@ class CallsProfile:
     module: str
     top_ops: list[tuple[str, str, float, float]]
     top_outside_ops: list[tuple[str, str, float, float]] = dataclasses.field(default_factory=list)
+    op_sources: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def _span(evs) -> float:
@@ -411,6 +419,7 @@ def profile_calls(
         fixed_ms=traced_call_ms - loop_ns / max(1, runs) / 1e6,
         module=main,
         top_ops=[(k, scope_fn(k) if scope_fn else "", d / it / 1e6, c / it) for k, (d, c) in top],
+        op_sources={k: _source_of(k, ops) for k, _ in top},
         top_outside_ops=[(k, scope_fn(k) if scope_fn else "", d / n / 1e6, c / n) for k, (d, c) in top_outside],
     )
 
